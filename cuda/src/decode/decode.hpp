@@ -1,0 +1,55 @@
+// Interface between the KvLayer and the split-K flash-decoding kernel (cuda/src/decode/).
+// Planning (grid size, scratch) is done once at layer construction; the launch reads the live
+// view length from device memory (device-counter variants) or takes it by value (host-len).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../device_status.cuh"
+
+namespace kvlayer::cuda::detail {
+
+/// Fixed at construction: the grid and the scratch it needs serve every view length up to
+/// max_view_keys, so one captured graph stays valid for every token.
+struct DecodePlan {
+  int n_kv_heads = 0;
+  int head_dim = 0;            ///< K and V head dim (equal; 64, 128 or 256)
+  int gqa = 0;                 ///< query heads per KV head (1..16)
+  std::int64_t max_view_keys = 0;  ///< longest view the grid serves (capacity or window)
+  int n_splits = 0;            ///< thread blocks per KV head along the keys
+  std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
+  std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split
+};
+
+/// Chooses the grid for a geometry on the current device. Pure host arithmetic.
+DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
+                       int multiprocessor_count);
+
+/// One decode launch.
+struct DecodeArgs {
+  const std::uint8_t* k_plane = nullptr;  ///< q8_0 rows, k_tok_bytes each
+  const std::uint8_t* v_plane = nullptr;  ///< q5_1 rows, v_tok_bytes each
+  std::int64_t rows = 0;                  ///< physical rows of each plane
+  std::int64_t max_ctx = 0;
+  std::int64_t window = 0;                ///< 0: attend [0, len); else [max(0, len − window), len)
+  /// Device-counter mode when len_d != nullptr (base_d may be null: base 0). Else host mode.
+  const std::int32_t* len_d = nullptr;
+  const std::int32_t* base_d = nullptr;
+  std::int64_t host_len = 0;
+  std::int64_t host_base = 0;
+  const float* q = nullptr;               ///< [n_kv_heads·gqa, head_dim] f32
+  float* out = nullptr;                   ///< [n_kv_heads·gqa, head_dim] f32
+  float scale = 0;
+  void* scratch = nullptr;                ///< plan.scratch_bytes, allocated once
+  DeviceStatus* status = nullptr;         ///< device errors (view too long / outside rows)
+};
+
+/// Enqueues the decode (split kernel + merge) on stream. Capturable: no host sync, no
+/// allocation. A device-mode view longer than plan.max_view_keys, or outside the resident rows,
+/// writes nothing to out and records DeviceErrorKind::decode_view_too_long.
+cudaError_t launch_decode(const DecodeArgs& args, const DecodePlan& plan, cudaStream_t stream);
+
+}  // namespace kvlayer::cuda::detail

@@ -1,0 +1,132 @@
+// The reference KvLayer: the executable specification of every layer behaviour (SPEC §5–9).
+// It keeps the whole K and V planes as bytes, the host counters (len, base) and a model of the
+// device counters (len_d, base_d), so that a GPU layer can be compared with it byte for byte.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvlayer/dtype.hpp"
+#include "kvlayer/geometry.hpp"
+#include "kvlayer/status.hpp"
+
+namespace kvlayer::ref {
+
+/// Rows handed to an append: `n` rows of K (n × kv_dim_k elements) and of V (n × kv_dim_v),
+/// row-major, all of element type `dtype`.
+struct RowsView {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  std::int64_t n = 0;
+  DType dtype = DType::f32;
+};
+
+/// What an append of n rows will do (SPEC §6 "append planning").
+struct AppendPlan {
+  bool rebase = false;
+  std::int64_t retain = 0;     ///< new base after the rebase (== base when none)
+  std::int64_t keep = 0;       ///< rows moved to the front by the rebase
+  std::int64_t write_row = 0;  ///< physical row of the first new row
+};
+
+/// The reference layer. Every mutating call either completes or throws kvlayer::Error with the
+/// state untouched.
+class KvLayer {
+ public:
+  /// Builds an empty layer (planes zeroed). Throws on an illegal geometry.
+  explicit KvLayer(const Geometry& geometry);
+
+  const Geometry& geometry() const { return geometry_; }
+
+  /// Quantizes and appends rows.k / rows.v (SPEC §5, §6). Refused if n == 0, the pointers are
+  /// null, len + n > max_ctx, or a ring cannot make room.
+  void append(const RowsView& rows);
+
+  /// Moves len (and len_d) back to new_len; bytes are untouched. Refused if new_len > len or,
+  /// on a ring, can_rewind_to(new_len) is false.
+  void rewind(std::int64_t new_len);
+
+  /// Physical row range holding logical rows [start, end). Refused outside the resident rows.
+  std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t start, std::int64_t end) const;
+
+  /// True iff rewind(p) would be accepted.
+  bool can_rewind_to(std::int64_t p) const;
+
+  /// Makes the next k single-row appends contiguous, rebasing now if needed (SPEC §7).
+  /// Refused when len + k > max_ctx or the ring cannot hold k more rows.
+  void reserve(std::int64_t k);
+
+  /// What append(n) would do, without doing it; throws the refusal append(n) would throw.
+  AppendPlan plan_append(std::int64_t n, const char* operation = "append") const;
+
+  // ---- Device-counter model (SPEC §7) ---------------------------------------------------
+
+  /// Writes one row at physical len_d; len_d unchanged. Flat layers only (refused on a ring).
+  /// A row past max_ctx writes nothing and records a device error.
+  void append_dc(const RowsView& one_row);
+  /// Writes one row at physical len_d − base_d; len_d unchanged. Out-of-plane rows write
+  /// nothing and record a device error.
+  void append_dcw(const RowsView& one_row);
+  /// len_d += 1.
+  void inc_seqlen();
+  /// Host accounting after k replayed device-counter steps: len += k. Refused unless the
+  /// result equals len_d (the host must account for exactly the steps it ran).
+  void account_steps(std::int64_t k);
+
+  // ---- Decode (SPEC §8), float64 over the dequantized cache ------------------------------
+
+  /// Host-len decode: q is [n_q_heads, head_dim_k] f32; returns [n_q_heads, head_dim_v].
+  /// scale defaults to 1/sqrt(head_dim_k) computed in f32.
+  std::vector<double> decode(std::span<const float> q, int n_q_heads,
+                             std::optional<float> scale = std::nullopt) const;
+  /// Device-counter decode over [0, len_d). Flat, window-less layers only. Returns nullopt
+  /// (and records a device error) when the view is longer than max_ctx.
+  std::optional<std::vector<double>> decode_dc(std::span<const float> q, int n_q_heads,
+                                               std::optional<float> scale = std::nullopt);
+  /// Device-counter decode over [max(0, len_d − window), len_d) at physical key − base_d.
+  /// Windowed layers only. Returns nullopt (device error recorded) when the view leaves the
+  /// resident rows.
+  std::optional<std::vector<double>> decode_dcw(std::span<const float> q, int n_q_heads,
+                                                std::optional<float> scale = std::nullopt);
+
+  /// Logical key range [begin, end) that decode() attends.
+  std::pair<std::int64_t, std::int64_t> view() const;
+
+  // ---- State ------------------------------------------------------------------------------
+
+  std::int64_t len() const { return len_; }
+  std::int64_t base() const { return base_; }
+  std::int64_t len_d() const { return len_d_; }
+  std::int64_t base_d() const { return base_d_; }
+  std::int64_t rows() const { return geometry_.rows(); }
+  const std::vector<std::uint8_t>& k_plane() const { return k_plane_; }
+  const std::vector<std::uint8_t>& v_plane() const { return v_plane_; }
+  /// Sticky errors recorded since construction or the last clear_status().
+  const LayerStatus& status() const { return status_; }
+  void clear_status() { status_ = {}; }
+
+  /// Dequantized K (or V) of one physical row, all heads: kv_dim values.
+  std::vector<float> dequantized_row(Plane plane, std::int64_t physical_row) const;
+
+ private:
+  void check_rows(const RowsView& rows, const char* operation) const;
+  void check_query(std::span<const float> q, int n_q_heads, const char* operation) const;
+  void apply_rebase(const AppendPlan& plan);
+  void write_rows(const RowsView& rows, std::int64_t physical_row, std::int64_t logical_row);
+  std::vector<double> attend(std::span<const float> q, int n_q_heads, std::optional<float> scale,
+                             std::int64_t lbegin, std::int64_t lend, std::int64_t base) const;
+
+  Geometry geometry_;
+  std::vector<std::uint8_t> k_plane_, v_plane_;
+  std::int64_t len_ = 0, base_ = 0;
+  std::int64_t len_d_ = 0, base_d_ = 0;
+  LayerStatus status_;
+};
+
+/// Converts element i of a row buffer of type t to f32 (exact).
+float element_to_f32(const void* data, DType t, std::int64_t i);
+
+}  // namespace kvlayer::ref

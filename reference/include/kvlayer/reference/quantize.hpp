@@ -1,0 +1,49 @@
+// The reference q8_0 / q5_1 block quantizers and dequantizers (SPEC §2–4), one block at a time.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "kvlayer/geometry.hpp"
+
+namespace kvlayer::ref {
+
+/// Quantizes 32 values into one q8_0 block (34 bytes). Returns the offending value when the
+/// block cannot be represented; the bytes are then the canonical bad block (SPEC §3).
+std::optional<float> quantize_q8_0_block(std::span<const float, kBlockValues> x,
+                                         std::span<std::uint8_t, kQ8_0BlockBytes> out);
+
+/// Quantizes 32 values into one q5_1 block (24 bytes); bad blocks as for q8_0.
+std::optional<float> quantize_q5_1_block(std::span<const float, kBlockValues> x,
+                                         std::span<std::uint8_t, kQ5_1BlockBytes> out);
+
+/// Dequantizes one q8_0 block: x_j = f32(d)·q_j.
+void dequantize_q8_0_block(std::span<const std::uint8_t, kQ8_0BlockBytes> in,
+                           std::span<float, kBlockValues> out);
+
+/// Dequantizes one q5_1 block: x_j = f32(d)·q_j + f32(m).
+void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
+                           std::span<float, kBlockValues> out);
+
+/// Block-type tag used by the row helpers and the CLI.
+enum class BlockType : std::uint8_t { q8_0, q5_1 };
+
+/// Bytes per block of `t`.
+constexpr int block_bytes(BlockType t) { return t == BlockType::q8_0 ? kQ8_0BlockBytes : kQ5_1BlockBytes; }
+
+/// A bad block found by quantize_row: its index in the row and the offending value.
+struct BadBlock {
+  std::int64_t block;
+  float value;
+};
+
+/// Quantizes x (a multiple of 32 values) into consecutive blocks of type t. Returns the first
+/// bad block, if any (all blocks are written regardless).
+std::optional<BadBlock> quantize_row(BlockType t, std::span<const float> x,
+                                     std::span<std::uint8_t> out);
+
+/// Dequantizes consecutive blocks of type t into out (32 values per block).
+void dequantize_row(BlockType t, std::span<const std::uint8_t> in, std::span<float> out);
+
+}  // namespace kvlayer::ref
