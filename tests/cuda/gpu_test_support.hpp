@@ -1,0 +1,32 @@
+// Shared by every GPU test: skip visibly (GTEST_SKIP, reported by ctest as "Skipped") when no
+// CUDA device is present, and check CUDA calls.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+namespace kvlayer::testing {
+
+/// True when a CUDA device can be used by this process.
+inline bool gpu_available() {
+  static const bool available = [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  }();
+  return available;
+}
+
+}  // namespace kvlayer::testing
+
+/// Put first in every GPU test body (or fixture SetUp): skips with a visible reason.
+#define KVLAYER_REQUIRE_GPU()                                                   \
+  do {                                                                          \
+    if (!::kvlayer::testing::gpu_available()) GTEST_SKIP() << "no CUDA device"; \
+  } while (0)
+
+/// Fails the current test on a CUDA error, naming the call.
+#define KVLAYER_CUDA_CHECK(call)                                                           \
+  do {                                                                                     \
+    const cudaError_t kvlayer_err_ = (call);                                               \
+    ASSERT_EQ(kvlayer_err_, cudaSuccess) << #call << ": " << cudaGetErrorString(kvlayer_err_); \
+  } while (0)
