@@ -72,8 +72,10 @@ class KvLayer {
   void append_dcw(const RowsView& one_row);
   /// len_d += 1.
   void inc_seqlen();
-  /// Host accounting after k replayed device-counter steps: len += k. Refused unless the
-  /// result equals len_d (the host must account for exactly the steps it ran).
+  /// Host accounting after k replayed device-counter steps: len += k (SPEC §7).
+  /// NOTE: len_d is not checked (the host cannot read it without a sync); accounting for the
+  /// wrong number of steps breaks len_d == len and is the caller's error. Refused only when
+  /// k < 0 or len + k > max_ctx.
   void account_steps(std::int64_t k);
 
   // ---- Decode (SPEC §8), float64 over the dequantized cache ------------------------------
@@ -82,17 +84,20 @@ class KvLayer {
   /// scale defaults to 1/sqrt(head_dim_k) computed in f32.
   std::vector<double> decode(std::span<const float> q, int n_q_heads,
                              std::optional<float> scale = std::nullopt) const;
-  /// Device-counter decode over [0, len_d). Flat, window-less layers only. Returns nullopt
-  /// (and records a device error) when the view is longer than max_ctx.
+  /// Device-counter decode over [0, len_d). Flat, window-less layers only (refused otherwise).
+  /// When len_d > max_ctx it writes nothing (nullopt) and records decode_view_too_long with
+  /// limit max_ctx.
   std::optional<std::vector<double>> decode_dc(std::span<const float> q, int n_q_heads,
                                                std::optional<float> scale = std::nullopt);
   /// Device-counter decode over [max(0, len_d − window), len_d) at physical key − base_d.
-  /// Windowed layers only. Returns nullopt (device error recorded) when the view leaves the
-  /// resident rows.
+  /// Windowed layers only (refused otherwise). Writes nothing (nullopt) and records
+  /// decode_view_too_long when len_d > max_ctx (limit max_ctx), else when the view leaves the
+  /// resident rows [base_d, base_d + rows) (limit rows).
   std::optional<std::vector<double>> decode_dcw(std::span<const float> q, int n_q_heads,
                                                 std::optional<float> scale = std::nullopt);
 
-  /// Logical key range [begin, end) that decode() attends.
+  /// Logical key range [begin, end) that decode() attends: [0, len), or
+  /// [max(0, len − window), len) for windowed layers. Physical row = logical − base.
   std::pair<std::int64_t, std::int64_t> view() const;
 
   // ---- State ------------------------------------------------------------------------------

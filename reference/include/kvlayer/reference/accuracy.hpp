@@ -1,0 +1,62 @@
+// The decode accuracy contract (SPEC §8): a per-element bound on |GPU − float64 reference|
+// derived from the internal precision the CUDA decode declares. Stated here once, used by
+// every GPU decode test and the property harness; never widened to make a test pass.
+//
+// Declared GPU precision (cuda/src/decode/ implements exactly these rounding points):
+//  (1) q is rounded once to fp16 (RNE): |q̃ − q| ≤ u16·|q|. K quants are exact (int8); the dot
+//      product is accumulated in f32 over head_dim terms, times f32(d) per block, times the f32
+//      scale.
+//  (2) online softmax in f32: exp of (s − m) with a few-ulp exp, f32 running sums.
+//  (3) p is rounded to fp16 before it multiplies V; V is used at its exact dequantized f32
+//      value or that value rounded to fp16 (tensor-core operands); the row sum uses the
+//      unrounded f32 p. PV is accumulated in f32 over at most L = max_keys_per_split
+//      sequential terms; S partial results are merged in f32.
+//
+// Derivation, per query head h and output element e (u16 = 2^-11, u32 = 2^-24, D = head_dim).
+// Let q̃ = fp16(q) and õ, p̃ the exact (float64) attention output and probabilities for q̃.
+//  - fp16 rounding of q is deterministic, so its effect is computed exactly, not bounded:
+//    |õ_e − o_e|.
+//  - f32 score error for q̃: δ_t = scale·Σ_d|q̃_d·K_td|·(D + 4)·u32 + 8·u32·(1 + |s̃_t − max s̃|)
+//    (accumulation, scale multiply, exp argument). Softmax is invariant to a common shift, so
+//    p/p̃ ∈ [e^{−2Δ}, e^{2Δ}] with Δ = max_t δ_t: contributes (e^{2Δ} − 1)·Σ_t p̃_t·|V_te|.
+//  - fp16 rounding of p and of V: (2·u16 + u16²)·Σ_t p̃_t·|V_te|, plus 2^-25 for a V below
+//    fp16's normal range (absolute error there).
+//  - f32 accumulation of PV and of the sums over ≤ L sequential terms and S merged partials:
+//    (L + S + 8)·u32·Σ_t p̃_t·2·B_te, with B_te the largest |value| of the V block holding e.
+//  - fp16 underflow of small p (absolute 2^-25 each, relative to a running max ≤ 1):
+//    2^-25·Σ_t 2·B_te / Σ_t e^{s̃_t − max s̃}.
+//  The bound is the sum of these terms. A NaN in the reference (a canonical bad block was
+//  attended) must be matched by NaN; otherwise the GPU value must be finite.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "kvlayer/reference/kv_layer.hpp"
+
+namespace kvlayer::ref {
+
+/// The GPU launch shape that enters the bound: the longest sequential accumulation and the
+/// number of partial results merged.
+struct AccumulationShape {
+  std::int64_t max_keys_per_split = 1;
+  std::int64_t n_splits = 1;
+};
+
+/// A decode view: logical keys [begin, end) at physical rows begin − base …
+struct DecodeView {
+  std::int64_t begin = 0, end = 0, base = 0;
+};
+
+/// Per-element bound [n_q_heads × head_dim_v] on |GPU − reference| for decoding q over `view`
+/// of `layer`, for a GPU with the declared precision above.
+std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q,
+                                     int n_q_heads, std::optional<float> scale,
+                                     const DecodeView& view, const AccumulationShape& shape);
+
+/// The default softmax scale, 1/sqrt(head_dim_k) computed in f32 (SPEC §8).
+float default_scale(int head_dim_k);
+
+}  // namespace kvlayer::ref

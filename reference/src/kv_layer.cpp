@@ -1,0 +1,182 @@
+// The reference KvLayer: plain, sequential C++ that follows SPEC §5–7 line by line.
+#include "kvlayer/reference/kv_layer.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "kvlayer/error.hpp"
+#include "kvlayer/half.hpp"
+#include "kvlayer/reference/quantize.hpp"
+
+namespace kvlayer::ref {
+
+float element_to_f32(const void* data, DType t, std::int64_t i) {
+  switch (t) {
+    case DType::f32: {
+      float f;
+      std::memcpy(&f, static_cast<const unsigned char*>(data) + 4 * i, 4);
+      return f;
+    }
+    case DType::f16:
+    case DType::bf16: {
+      std::uint16_t h;
+      std::memcpy(&h, static_cast<const unsigned char*>(data) + 2 * i, 2);
+      return t == DType::f16 ? f16_bits_to_f32(h) : bf16_bits_to_f32(h);
+    }
+  }
+  return 0.0f;
+}
+
+KvLayer::KvLayer(const Geometry& geometry) : geometry_(geometry) {
+  geometry_.validate();
+  k_plane_.assign(std::size_t(geometry_.rows() * geometry_.k_tok_bytes()), 0);
+  v_plane_.assign(std::size_t(geometry_.rows() * geometry_.v_tok_bytes()), 0);
+}
+
+void KvLayer::check_rows(const RowsView& rows, const char* operation) const {
+  if (rows.k == nullptr || rows.v == nullptr) refuse(operation, "k and v must not be null");
+  if (rows.n < 1) refuse(operation, "n ", rows.n, " must be at least 1");
+}
+
+AppendPlan KvLayer::plan_append(std::int64_t n, const char* operation) const {
+  const Geometry& g = geometry_;
+  if (n < 1) refuse(operation, "n ", n, " must be at least 1");
+  if (len_ + n > g.max_ctx)
+    refuse(operation, "len ", len_, " + n ", n, " exceeds max_ctx ", g.max_ctx);
+  AppendPlan plan{false, base_, 0, len_ - base_};
+  if (!g.is_ring() || len_ - base_ + n <= g.rows()) return plan;
+  // SPEC §6: keep the rows a window plus a rewind may still need, from an aligned base.
+  const std::int64_t retain = std::max(
+      base_, align_down(std::max<std::int64_t>(0, len_ - (*g.window - 1) - g.rewind_slack)));
+  const std::int64_t keep = len_ - retain;
+  if (keep + n > g.rows())
+    refuse(operation, "ring cannot fit n ", n, " rows: ", keep,
+           " rows must stay resident (from logical row ", retain, ") and ", keep, " + ", n,
+           " exceeds rows ", g.rows());
+  return AppendPlan{true, retain, keep, keep};
+}
+
+void KvLayer::apply_rebase(const AppendPlan& plan) {
+  if (!plan.rebase) return;
+  const std::int64_t from = plan.retain - base_;
+  for (auto [plane, tok] : {std::pair{&k_plane_, geometry_.k_tok_bytes()},
+                            std::pair{&v_plane_, geometry_.v_tok_bytes()}}) {
+    // memmove: the ranges may overlap; the result is as if copied through a temporary.
+    std::memmove(plane->data(), plane->data() + from * tok, std::size_t(plan.keep * tok));
+  }
+  base_ = plan.retain;
+  base_d_ = plan.retain;
+}
+
+void KvLayer::write_rows(const RowsView& rows, std::int64_t physical_row,
+                         std::int64_t logical_row) {
+  const Geometry& g = geometry_;
+  std::vector<float> k(std::size_t(g.kv_dim_k())), v(std::size_t(g.kv_dim_v()));
+  for (std::int64_t r = 0; r < rows.n; ++r) {
+    for (std::int64_t i = 0; i < g.kv_dim_k(); ++i)
+      k[std::size_t(i)] = element_to_f32(rows.k, rows.dtype, r * g.kv_dim_k() + i);
+    for (std::int64_t i = 0; i < g.kv_dim_v(); ++i)
+      v[std::size_t(i)] = element_to_f32(rows.v, rows.dtype, r * g.kv_dim_v() + i);
+    const std::int64_t p = physical_row + r;
+    std::span<std::uint8_t> k_out(k_plane_.data() + p * g.k_tok_bytes(), std::size_t(g.k_tok_bytes()));
+    std::span<std::uint8_t> v_out(v_plane_.data() + p * g.v_tok_bytes(), std::size_t(g.v_tok_bytes()));
+    if (auto bad = quantize_row(BlockType::q8_0, k, k_out))
+      keep_first(status_.data_error, DataError{logical_row + r, Plane::k, bad->block, bad->value});
+    if (auto bad = quantize_row(BlockType::q5_1, v, v_out))
+      keep_first(status_.data_error, DataError{logical_row + r, Plane::v, bad->block, bad->value});
+  }
+}
+
+void KvLayer::append(const RowsView& rows) {
+  check_rows(rows, "append");
+  const AppendPlan plan = plan_append(rows.n, "append");
+  apply_rebase(plan);
+  write_rows(rows, plan.write_row, len_);
+  len_ += rows.n;
+  len_d_ = len_;
+}
+
+bool KvLayer::can_rewind_to(std::int64_t p) const {
+  if (p < 0 || p > len_) return false;
+  if (!geometry_.is_ring()) return true;
+  return align_down(std::max<std::int64_t>(0, p - (*geometry_.window - 1))) >= base_;
+}
+
+void KvLayer::rewind(std::int64_t new_len) {
+  if (new_len < 0 || new_len > len_)
+    refuse("rewind", "new_len ", new_len, " is outside [0, len ", len_, "]");
+  if (!can_rewind_to(new_len))
+    refuse("rewind", "new_len ", new_len, " needs logical row ",
+           align_down(std::max<std::int64_t>(0, new_len - (*geometry_.window - 1))),
+           " resident, below base ", base_, " (the ring already dropped it)");
+  len_ = new_len;
+  len_d_ = new_len;
+}
+
+std::pair<std::int64_t, std::int64_t> KvLayer::physical_rows(std::int64_t start,
+                                                             std::int64_t end) const {
+  const std::int64_t rows = geometry_.rows();
+  if (start < base_ || start > end || end - base_ > rows)
+    refuse("physical_rows", "[", start, ", ", end, ") is not within the resident rows [", base_,
+           ", ", base_ + rows, ")");
+  return {start - base_, end - base_};
+}
+
+void KvLayer::reserve(std::int64_t k) {
+  if (k < 0) refuse("reserve", "k ", k, " must not be negative");
+  if (k == 0) return;
+  apply_rebase(plan_append(k, "reserve"));
+}
+
+void KvLayer::append_dc(const RowsView& one_row) {
+  check_rows(one_row, "append_dc");
+  if (one_row.n != 1) refuse("append_dc", "n ", one_row.n, " must be 1");
+  if (geometry_.is_ring()) refuse("append_dc", "ring layers use append_dcw");
+  if (len_d_ >= geometry_.max_ctx) {
+    if (!status_.device_error)
+      status_.device_error = DeviceError{DeviceErrorKind::append_past_max_ctx, len_d_, base_d_,
+                                         geometry_.max_ctx};
+    return;
+  }
+  write_rows(one_row, len_d_, len_d_);
+}
+
+void KvLayer::append_dcw(const RowsView& one_row) {
+  check_rows(one_row, "append_dcw");
+  if (one_row.n != 1) refuse("append_dcw", "n ", one_row.n, " must be 1");
+  std::optional<DeviceError> err;
+  if (len_d_ >= geometry_.max_ctx)
+    err = DeviceError{DeviceErrorKind::append_past_max_ctx, len_d_, base_d_, geometry_.max_ctx};
+  else if (len_d_ - base_d_ < 0 || len_d_ - base_d_ >= geometry_.rows())
+    err = DeviceError{DeviceErrorKind::append_outside_rows, len_d_, base_d_, geometry_.rows()};
+  if (err) {
+    if (!status_.device_error) status_.device_error = err;
+    return;
+  }
+  write_rows(one_row, len_d_ - base_d_, len_d_);
+}
+
+void KvLayer::inc_seqlen() {
+  if (len_d_ < std::numeric_limits<std::int32_t>::max()) ++len_d_;  // int32 on the device
+}
+
+void KvLayer::account_steps(std::int64_t k) {
+  if (k < 0 || len_ + k > geometry_.max_ctx)
+    refuse("account_steps", "len ", len_, " + k ", k, " is outside [len, max_ctx ",
+           geometry_.max_ctx, "]");
+  len_ += k;
+}
+
+std::vector<float> KvLayer::dequantized_row(Plane plane, std::int64_t physical_row) const {
+  const bool is_k = plane == Plane::k;
+  const std::int64_t tok = is_k ? geometry_.k_tok_bytes() : geometry_.v_tok_bytes();
+  std::vector<float> out(std::size_t(is_k ? geometry_.kv_dim_k() : geometry_.kv_dim_v()));
+  const auto& bytes = is_k ? k_plane_ : v_plane_;
+  dequantize_row(is_k ? BlockType::q8_0 : BlockType::q5_1,
+                 std::span<const std::uint8_t>(bytes.data() + physical_row * tok, std::size_t(tok)),
+                 out);
+  return out;
+}
+
+}  // namespace kvlayer::ref
