@@ -1,0 +1,153 @@
+// The CUDA KvLayer: the KV cache of one attention layer kept on the GPU as q8_0 K and q5_1 V
+// planes (SPEC §2–9). Its API mirrors kvlayer::ref::KvLayer call for call, so that a harness can
+// drive both the same way and compare planes, counters, status and decode outputs.
+//
+// Two families of calls:
+//  - host-len calls (append, rewind, reserve, decode, ...) keep host `len`/`base` and write the
+//    device counters `len_d`/`base_d` to match, stream-ordered;
+//  - device-counter calls (append_dc, append_dcw, inc_seqlen, decode_dc, decode_dcw) take every
+//    per-token scalar from device memory or from construction: no sync, no allocation, no host
+//    read, so one decode step can be captured into a CUDA graph once and replayed per token.
+//    After k replayed steps the host calls account_steps(k).
+// Every refusal is checked on the host before any device work and leaves the state untouched;
+// the messages are the reference's.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "kvlayer/dtype.hpp"
+#include "kvlayer/geometry.hpp"
+#include "kvlayer/status.hpp"
+
+namespace kvlayer::cuda {
+
+/// Rows handed to an append: `n` rows of K (n × kv_dim_k elements) and of V (n × kv_dim_v),
+/// row-major, of element type `dtype`, in DEVICE memory (same fields as ref::RowsView).
+/// The pointers must be aligned to the element size and stay valid until the stream reaches
+/// the append (for a captured append: for every replay).
+struct RowsView {
+  const void* k = nullptr;
+  const void* v = nullptr;
+  std::int64_t n = 0;
+  DType dtype = DType::f32;
+};
+
+/// The decode grid fixed at construction (for the accuracy contract, SPEC §8).
+struct DecodePlanInfo {
+  std::int64_t max_view_keys = 0;       ///< longest view the grid serves
+  int n_splits = 0;                     ///< thread blocks per KV head along the keys
+  std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation
+  std::size_t scratch_bytes = 0;        ///< split scratch, allocated once
+};
+
+/// Head dims the CUDA decode supports (K and V equal).
+inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
+/// Largest supported n_q_heads / n_kv_heads.
+inline constexpr int kMaxGqa = 16;
+
+/// The GPU layer. Move-only; every device buffer is allocated once at construction, on the
+/// device current at that time, and released by the destructor.
+/// NOTE: not thread-safe; all work is enqueued on the stream given at construction, which must
+/// outlive the layer.
+class KvLayer {
+ public:
+  /// Builds an empty layer (planes zeroed, counters 0). Refuses an illegal geometry (the
+  /// reference's messages) and any the CUDA kernels do not support: head_dim_k != head_dim_v,
+  /// head dims outside {64, 128, 256}, n_q_heads not a multiple of n_kv_heads, gqa > 16.
+  KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream = nullptr);
+  ~KvLayer();
+  KvLayer(KvLayer&&) noexcept;
+  KvLayer& operator=(KvLayer&&) noexcept;
+  KvLayer(const KvLayer&) = delete;
+  KvLayer& operator=(const KvLayer&) = delete;
+
+  const Geometry& geometry() const;
+  int n_q_heads() const;
+  cudaStream_t stream() const;
+  /// Physical rows of each plane (SPEC §6).
+  std::int64_t rows() const;
+
+  // ---- Host-len operations (not capturable: they plan on host state) ---------------------
+
+  /// Quantizes and appends rows (SPEC §5, §6), rebasing a ring first when needed; then
+  /// len += n and len_d = len. Refused if the pointers are null or misaligned, n < 1,
+  /// len + n > max_ctx, or a ring cannot make room.
+  void append(const RowsView& rows);
+  /// len = len_d = new_len; bytes untouched. Refused if new_len is outside [0, len] or, on a
+  /// ring, can_rewind_to(new_len) is false.
+  void rewind(std::int64_t new_len);
+  /// Physical rows [start − base, end − base) of logical rows [start, end); refused outside
+  /// the resident rows.
+  std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t start, std::int64_t end) const;
+  /// True iff rewind(p) would be accepted.
+  bool can_rewind_to(std::int64_t p) const;
+  /// Makes the next k single-row appends contiguous, rebasing now if needed (SPEC §7). Call it
+  /// before capturing or replaying a chain of k windowed device-counter steps.
+  void reserve(std::int64_t k);
+  /// Logical key range [begin, end) that decode() attends.
+  std::pair<std::int64_t, std::int64_t> view() const;
+
+  // ---- Device-counter operations (capturable) ---------------------------------------------
+
+  /// Writes one row at physical len_d; len_d unchanged. Flat layers only. At len_d ≥ max_ctx
+  /// it writes nothing and records DeviceErrorKind::append_past_max_ctx.
+  void append_dc(const RowsView& one_row);
+  /// Writes one row at physical len_d − base_d; len_d unchanged. Writes nothing and records a
+  /// device error when len_d ≥ max_ctx, else when the row is outside the plane.
+  void append_dcw(const RowsView& one_row);
+  /// len_d += 1 on the device (saturating at INT32_MAX).
+  void inc_seqlen();
+  /// Host accounting after k replayed device-counter steps: len += k. Refused when k < 0 or
+  /// len + k > max_ctx. Not capturable (host state only; enqueues nothing).
+  void account_steps(std::int64_t k);
+
+  // ---- Decode (SPEC §8): q f32 [n_q_heads, head_dim], out f32 [n_q_heads, head_dim] ---------
+
+  /// Host-len decode over view() (host len and base). scale defaults to 1/sqrt(head_dim_k).
+  /// Refused when the view starts below base (after a deep rewind, before the next append).
+  void decode(const float* q, float* out, std::optional<float> scale = std::nullopt);
+  /// Device-counter decode over [0, len_d). Flat, window-less layers only. When len_d > max_ctx
+  /// it writes nothing and records decode_view_too_long. Capturable.
+  void decode_dc(const float* q, float* out, std::optional<float> scale = std::nullopt);
+  /// Device-counter decode over [max(0, len_d − window), len_d) at physical key − base_d.
+  /// Windowed layers only. A view outside the resident rows writes nothing and records
+  /// decode_view_too_long. Capturable.
+  void decode_dcw(const float* q, float* out, std::optional<float> scale = std::nullopt);
+
+  // ---- Status and read-back (synchronize the stream; never inside a capture) --------------
+
+  /// Sticky errors recorded since construction or the last clear_status(), with the same
+  /// values the reference records. Synchronizes the stream.
+  LayerStatus status() const;
+  /// Forgets the recorded errors (stream-ordered).
+  void clear_status();
+
+  std::int64_t len() const;
+  std::int64_t base() const;
+  /// The whole K plane, rows() × k_tok_bytes bytes (tail padding excluded). Synchronizes.
+  std::vector<std::uint8_t> k_plane_bytes() const;
+  /// The whole V plane, rows() × v_tok_bytes bytes. Synchronizes.
+  std::vector<std::uint8_t> v_plane_bytes() const;
+  /// The device counters as the device sees them now. Synchronizes.
+  std::int64_t read_len_d() const;
+  std::int64_t read_base_d() const;
+
+  /// The decode grid fixed at construction.
+  DecodePlanInfo decode_plan() const;
+  std::int64_t max_keys_per_split() const { return decode_plan().max_keys_per_split; }
+  /// 1/sqrt(head_dim_k) computed in f32, the scale used when none is given.
+  float default_scale() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace kvlayer::cuda

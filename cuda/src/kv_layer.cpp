@@ -1,0 +1,428 @@
+// The CUDA KvLayer: host-side planning, refusals and counter bookkeeping; the kernels live in
+// append_kernel.cu, rebase.cu, counters.cu and decode/.
+//
+// NOTE: the ring planning below is written independently of ref::KvLayer::plan_append (the
+// harness compares two implementations), but the refusal messages are the reference's, word
+// for word (SPEC §9: the reference is the specification of messages).
+#include "kvlayer/cuda/kv_layer.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "append_kernel.hpp"
+#include "counters.hpp"
+#include "cuda_raii.hpp"
+#include "decode/decode.hpp"
+#include "device_status.cuh"
+#include "kvlayer/error.hpp"
+#include "plane_layout.hpp"
+#include "rebase.hpp"
+
+namespace kvlayer::cuda {
+namespace {
+
+using detail::AppendArgs;
+using detail::AppendMode;
+using detail::check_cuda;
+using detail::DeviceBuffer;
+using detail::DeviceStatus;
+
+constexpr const char* kCtor = "cuda::KvLayer";
+
+/// Refuses every legal geometry the CUDA kernels do not support (SPEC §1), naming the value and
+/// the supported set.
+void check_supported(const Geometry& g, int n_q_heads) {
+  if (g.head_dim_k != g.head_dim_v)
+    refuse(kCtor, "head_dim_k ", g.head_dim_k, " != head_dim_v ", g.head_dim_v,
+           ": the CUDA layer supports equal K and V head dims of 64, 128 or 256");
+  if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), g.head_dim_k) ==
+      std::end(kSupportedHeadDims))
+    refuse(kCtor, "head_dim ", g.head_dim_k, " is not supported (supported: 64, 128, 256)");
+  if (n_q_heads < 1 || n_q_heads % g.n_kv_heads != 0)
+    refuse(kCtor, "n_q_heads ", n_q_heads, " must be a positive multiple of n_kv_heads ",
+           g.n_kv_heads);
+  const int gqa = n_q_heads / g.n_kv_heads;
+  if (gqa > kMaxGqa)
+    refuse(kCtor, "gqa ", gqa, " (n_q_heads ", n_q_heads, " / n_kv_heads ", g.n_kv_heads,
+           ") is not supported (supported: 1..", kMaxGqa, ")");
+}
+
+/// What an append of n rows will do (SPEC §6 "append planning").
+struct Placement {
+  bool rebase = false;
+  std::int64_t retain = 0;  ///< base after the rebase
+  std::int64_t keep = 0;    ///< rows moved to the front
+  std::int64_t write_row = 0;
+};
+
+}  // namespace
+
+struct KvLayer::State {
+  Geometry g;
+  int n_q_heads = 0;
+  cudaStream_t stream = nullptr;
+  std::int64_t rows = 0;
+  detail::DecodePlan decode_plan;
+  // NOTE: every buffer a captured graph may hold is allocated here, once, and never replaced
+  // while the layer lives (SPEC §7).
+  DeviceBuffer k_plane, v_plane;
+  DeviceBuffer counters;  ///< int32[2]: len_d, base_d
+  DeviceBuffer status;    ///< DeviceStatus
+  DeviceBuffer scratch;   ///< decode split scratch
+  std::int64_t len = 0, base = 0;
+
+  std::int32_t* len_d() const { return counters.as<std::int32_t>(); }
+  std::int32_t* base_d() const { return counters.as<std::int32_t>() + 1; }
+  DeviceStatus* dstatus() const { return status.as<DeviceStatus>(); }
+
+  // ---- refusals (host only, before any device work) ----
+
+  void check_rows(const RowsView& r, const char* op) const {
+    if (r.k == nullptr || r.v == nullptr) refuse(op, "k and v must not be null");
+    if (r.n < 1) refuse(op, "n ", r.n, " must be at least 1");
+    const auto align = static_cast<std::uintptr_t>(dtype_size(r.dtype));
+    if (reinterpret_cast<std::uintptr_t>(r.k) % align != 0 ||
+        reinterpret_cast<std::uintptr_t>(r.v) % align != 0)
+      refuse(op, "k and v must be aligned to their ", align, "-byte ", dtype_name(r.dtype),
+             " elements");
+  }
+
+  void check_one_row(const RowsView& r, const char* op) const {
+    check_rows(r, op);
+    if (r.n != 1) refuse(op, "n ", r.n, " must be 1");
+  }
+
+  static void check_decode_pointers(const float* q, const float* out, const char* op) {
+    if (q == nullptr || out == nullptr) refuse(op, "q and out must not be null");
+  }
+
+  /// SPEC §6 append planning for n rows at len; refuses what the reference refuses.
+  Placement place(std::int64_t n, const char* op) const {
+    if (n < 1) refuse(op, "n ", n, " must be at least 1");
+    if (len + n > g.max_ctx) refuse(op, "len ", len, " + n ", n, " exceeds max_ctx ", g.max_ctx);
+    const std::int64_t used = len - base;
+    if (!g.is_ring() || used + n <= rows) return Placement{false, base, 0, used};
+    // Keep what a window plus a rewind may still need: logical rows from
+    // align_down(len − (window − 1) − rewind_slack), never below the current base.
+    const std::int64_t oldest_needed = len - (*g.window - 1) - g.rewind_slack;
+    const std::int64_t retain =
+        std::max(base, align_down(std::max<std::int64_t>(0, oldest_needed)));
+    const std::int64_t keep = len - retain;
+    if (keep + n > rows)
+      refuse(op, "ring cannot fit n ", n, " rows: ", keep,
+             " rows must stay resident (from logical row ", retain, ") and ", keep, " + ", n,
+             " exceeds rows ", rows);
+    return Placement{true, retain, keep, keep};
+  }
+
+  /// The lowest logical row a rewind to p needs resident on a ring.
+  std::int64_t rewind_floor(std::int64_t p) const {
+    return align_down(std::max<std::int64_t>(0, p - (*g.window - 1)));
+  }
+
+  // ---- device work ----
+
+  void set_counters(std::int64_t new_len, std::int64_t new_base) {
+    check_cuda(detail::launch_set_counters(len_d(), base_d(), new_len, new_base, stream),
+               "launch_set_counters");
+  }
+
+  /// Moves the kept rows to the front of both planes, then base = base_d = retain.
+  void apply(const Placement& p) {
+    if (!p.rebase) return;
+    const std::int64_t shift = p.retain - base;  // > 0: a rebase always drops rows
+    if (shift > 0 && p.keep > 0) {
+      const detail::PlaneMove k{k_plane.as<std::uint8_t>(), shift * g.k_tok_bytes(),
+                                p.keep * g.k_tok_bytes()};
+      const detail::PlaneMove v{v_plane.as<std::uint8_t>(), shift * g.v_tok_bytes(),
+                                p.keep * g.v_tok_bytes()};
+      check_cuda(detail::launch_rebase(k, v, stream), "launch_rebase");
+    }
+    base = p.retain;
+    set_counters(-1, base);
+  }
+
+  AppendArgs append_args(const RowsView& r) const {
+    AppendArgs a;
+    a.k = r.k;
+    a.v = r.v;
+    a.dtype = r.dtype;
+    a.n = r.n;
+    a.kv_dim_k = g.kv_dim_k();
+    a.kv_dim_v = g.kv_dim_v();
+    a.k_plane = k_plane.as<std::uint8_t>();
+    a.v_plane = v_plane.as<std::uint8_t>();
+    a.k_tok_bytes = g.k_tok_bytes();
+    a.v_tok_bytes = g.v_tok_bytes();
+    a.len_d = len_d();
+    a.base_d = base_d();
+    a.rows = rows;
+    a.max_ctx = g.max_ctx;
+    a.status = dstatus();
+    return a;
+  }
+
+  void decode(const float* q, float* out, std::optional<float> scale, bool device_counters,
+              bool with_base) {
+    detail::DecodeArgs a;
+    a.k_plane = k_plane.as<std::uint8_t>();
+    a.v_plane = v_plane.as<std::uint8_t>();
+    a.rows = rows;
+    a.max_ctx = g.max_ctx;
+    a.window = g.window.value_or(0);
+    if (device_counters) {
+      a.len_d = len_d();
+      a.base_d = with_base ? base_d() : nullptr;
+    } else {
+      a.host_len = len;
+      a.host_base = base;
+    }
+    a.q = q;
+    a.out = out;
+    a.scale = scale.value_or(1.0f / std::sqrt(float(g.head_dim_k)));
+    a.scratch = scratch.get();
+    a.status = dstatus();
+    check_cuda(detail::launch_decode(a, decode_plan, stream), "launch_decode");
+  }
+
+  template <typename T>
+  void read(T* host, const void* device, std::size_t bytes) const {
+    check_cuda(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync (device to host)");
+    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+};
+
+KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream)
+    : s_(std::make_unique<State>()) {
+  State& s = *s_;
+  geometry.validate();
+  check_supported(geometry, n_q_heads);
+  s.g = geometry;
+  s.n_q_heads = n_q_heads;
+  s.stream = stream;
+  s.rows = geometry.rows();
+
+  int device = 0, sms = 0;
+  KVLAYER_CUDA_TRY(cudaGetDevice(&device));
+  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const std::int64_t max_view = geometry.window ? std::min(*geometry.window, s.rows) : s.rows;
+  s.decode_plan = detail::plan_decode(geometry.n_kv_heads, geometry.head_dim_k,
+                                      n_q_heads / geometry.n_kv_heads, max_view, sms);
+
+  const auto k_bytes = std::size_t(s.rows * geometry.k_tok_bytes()) + detail::kPlaneTailBytes;
+  const auto v_bytes = std::size_t(s.rows * geometry.v_tok_bytes()) + detail::kPlaneTailBytes;
+  s.k_plane = DeviceBuffer(k_bytes);
+  s.v_plane = DeviceBuffer(v_bytes);
+  s.counters = DeviceBuffer(2 * sizeof(std::int32_t));
+  s.status = DeviceBuffer(sizeof(DeviceStatus));
+  s.scratch = DeviceBuffer(s.decode_plan.scratch_bytes);
+  // SPEC §5: all bytes zero at construction (the reference's planes are zeroed too).
+  for (const DeviceBuffer* b : {&s.k_plane, &s.v_plane, &s.counters, &s.status, &s.scratch})
+    if (b->bytes() > 0) KVLAYER_CUDA_TRY(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
+  KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
+}
+
+KvLayer::~KvLayer() {
+  // NOTE: work still queued may use the buffers; wait for it before they are freed (errors
+  // are ignored: a destructor cannot report them).
+  if (s_) (void)cudaStreamSynchronize(s_->stream);
+}
+KvLayer::KvLayer(KvLayer&&) noexcept = default;
+KvLayer& KvLayer::operator=(KvLayer&& o) noexcept {
+  if (this != &o) {
+    if (s_) (void)cudaStreamSynchronize(s_->stream);
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
+
+const Geometry& KvLayer::geometry() const {
+  return s_->g;
+}
+int KvLayer::n_q_heads() const {
+  return s_->n_q_heads;
+}
+cudaStream_t KvLayer::stream() const {
+  return s_->stream;
+}
+std::int64_t KvLayer::rows() const {
+  return s_->rows;
+}
+std::int64_t KvLayer::len() const {
+  return s_->len;
+}
+std::int64_t KvLayer::base() const {
+  return s_->base;
+}
+
+void KvLayer::append(const RowsView& rows) {
+  State& s = *s_;
+  s.check_rows(rows, "append");
+  const Placement p = s.place(rows.n, "append");
+  s.apply(p);
+  AppendArgs a = s.append_args(rows);
+  a.physical_row0 = p.write_row;
+  a.logical_row0 = s.len;
+  check_cuda(detail::launch_append(a, AppendMode::host, s.stream), "launch_append");
+  s.len += rows.n;
+  s.set_counters(s.len, -1);
+}
+
+bool KvLayer::can_rewind_to(std::int64_t p) const {
+  const State& s = *s_;
+  if (p < 0 || p > s.len) return false;
+  return !s.g.is_ring() || s.rewind_floor(p) >= s.base;
+}
+
+void KvLayer::rewind(std::int64_t new_len) {
+  State& s = *s_;
+  if (new_len < 0 || new_len > s.len)
+    refuse("rewind", "new_len ", new_len, " is outside [0, len ", s.len, "]");
+  if (!can_rewind_to(new_len))
+    refuse("rewind", "new_len ", new_len, " needs logical row ", s.rewind_floor(new_len),
+           " resident, below base ", s.base, " (the ring already dropped it)");
+  s.set_counters(new_len, -1);
+  s.len = new_len;
+}
+
+std::pair<std::int64_t, std::int64_t> KvLayer::physical_rows(std::int64_t start,
+                                                             std::int64_t end) const {
+  const State& s = *s_;
+  if (start < s.base || start > end || end - s.base > s.rows)
+    refuse("physical_rows", "[", start, ", ", end, ") is not within the resident rows [", s.base,
+           ", ", s.base + s.rows, ")");
+  return {start - s.base, end - s.base};
+}
+
+void KvLayer::reserve(std::int64_t k) {
+  State& s = *s_;
+  if (k < 0) refuse("reserve", "k ", k, " must not be negative");
+  if (k == 0) return;
+  s.apply(s.place(k, "reserve"));
+}
+
+std::pair<std::int64_t, std::int64_t> KvLayer::view() const {
+  const State& s = *s_;
+  const std::int64_t begin = s.g.window ? std::max<std::int64_t>(0, s.len - *s.g.window) : 0;
+  return {begin, s.len};
+}
+
+void KvLayer::append_dc(const RowsView& one_row) {
+  State& s = *s_;
+  s.check_one_row(one_row, "append_dc");
+  if (s.g.is_ring()) refuse("append_dc", "ring layers use append_dcw");
+  check_cuda(detail::launch_append(s.append_args(one_row), AppendMode::dc, s.stream),
+             "launch_append");
+}
+
+void KvLayer::append_dcw(const RowsView& one_row) {
+  State& s = *s_;
+  s.check_one_row(one_row, "append_dcw");
+  check_cuda(detail::launch_append(s.append_args(one_row), AppendMode::dcw, s.stream),
+             "launch_append");
+}
+
+void KvLayer::inc_seqlen() {
+  check_cuda(detail::launch_inc_seqlen(s_->len_d(), s_->stream), "launch_inc_seqlen");
+}
+
+void KvLayer::account_steps(std::int64_t k) {
+  State& s = *s_;
+  if (k < 0 || s.len + k > s.g.max_ctx)
+    refuse("account_steps", "len ", s.len, " + k ", k, " is outside [len, max_ctx ", s.g.max_ctx,
+           "]");
+  s.len += k;
+}
+
+void KvLayer::decode(const float* q, float* out, std::optional<float> scale) {
+  State& s = *s_;
+  State::check_decode_pointers(q, out, "decode");
+  const auto [begin, end] = view();
+  if (begin < s.base)
+    refuse("decode", "the view starts at logical row ", begin, ", below base ", s.base,
+           " (not resident; append before decoding after a rewind this deep)");
+  s.decode(q, out, scale, false, false);
+}
+
+void KvLayer::decode_dc(const float* q, float* out, std::optional<float> scale) {
+  State& s = *s_;
+  State::check_decode_pointers(q, out, "decode_dc");
+  if (s.g.is_ring()) refuse("decode_dc", "ring layers use decode_dcw");
+  if (s.g.window)
+    refuse("decode_dc", "attends [0, len_d) and ignores the window ", *s.g.window,
+           "; windowed layers use decode_dcw");
+  s.decode(q, out, scale, true, false);
+}
+
+void KvLayer::decode_dcw(const float* q, float* out, std::optional<float> scale) {
+  State& s = *s_;
+  State::check_decode_pointers(q, out, "decode_dcw");
+  if (!s.g.window) refuse("decode_dcw", "the layer has no window; use decode_dc");
+  s.decode(q, out, scale, true, true);
+}
+
+LayerStatus KvLayer::status() const {
+  const State& s = *s_;
+  DeviceStatus h{};
+  s.read(&h, s.status.get(), sizeof h);
+  LayerStatus out;
+  if (h.has_data_error) {
+    const auto key = static_cast<unsigned long long>(h.data_key);
+    DataError e;
+    e.row = static_cast<std::int64_t>(key >> 32);
+    e.plane = ((key >> 31) & 1u) != 0 ? Plane::v : Plane::k;
+    e.block = static_cast<std::int64_t>(key & 0x7FFFFFFFull);
+    e.value = h.data_value;
+    out.data_error = e;
+  }
+  if (h.has_device_error) {
+    out.device_error = DeviceError{static_cast<DeviceErrorKind>(h.device_kind), h.device_len_d,
+                                   h.device_base_d, h.device_limit};
+  }
+  return out;
+}
+
+void KvLayer::clear_status() {
+  KVLAYER_CUDA_TRY(cudaMemsetAsync(s_->status.get(), 0, sizeof(DeviceStatus), s_->stream));
+}
+
+std::vector<std::uint8_t> KvLayer::k_plane_bytes() const {
+  const State& s = *s_;
+  std::vector<std::uint8_t> out(std::size_t(s.rows * s.g.k_tok_bytes()));
+  s.read(out.data(), s.k_plane.get(), out.size());
+  return out;
+}
+
+std::vector<std::uint8_t> KvLayer::v_plane_bytes() const {
+  const State& s = *s_;
+  std::vector<std::uint8_t> out(std::size_t(s.rows * s.g.v_tok_bytes()));
+  s.read(out.data(), s.v_plane.get(), out.size());
+  return out;
+}
+
+std::int64_t KvLayer::read_len_d() const {
+  std::int32_t c[2] = {0, 0};
+  s_->read(c, s_->counters.get(), sizeof c);
+  return c[0];
+}
+
+std::int64_t KvLayer::read_base_d() const {
+  std::int32_t c[2] = {0, 0};
+  s_->read(c, s_->counters.get(), sizeof c);
+  return c[1];
+}
+
+DecodePlanInfo KvLayer::decode_plan() const {
+  const auto& p = s_->decode_plan;
+  return DecodePlanInfo{p.max_view_keys, p.n_splits, p.max_keys_per_split, p.scratch_bytes};
+}
+
+float KvLayer::default_scale() const {
+  return 1.0f / std::sqrt(float(s_->g.head_dim_k));
+}
+
+}  // namespace kvlayer::cuda
