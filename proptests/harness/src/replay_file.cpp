@@ -1,0 +1,203 @@
+#include "kvlayer/harness/replay_file.hpp"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "kvlayer/error.hpp"
+
+namespace kvlayer::harness {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kFormat = "kvlayer-replay";
+constexpr int kVersion = 1;
+
+[[noreturn]] void malformed(const std::string& where, const std::string& what) {
+  throw Error(ErrorKind::io, "replay file: " + where + ": " + what);
+}
+
+const json& field(const json& obj, const char* key, const std::string& where) {
+  if (!obj.is_object()) malformed(where, "expected an object");
+  const auto it = obj.find(key);
+  if (it == obj.end()) malformed(where, std::string("missing field '") + key + "'");
+  return *it;
+}
+
+std::int64_t integer(const json& obj, const char* key, const std::string& where,
+                     std::int64_t lo, std::int64_t hi) {
+  const json& v = field(obj, key, where);
+  if (!v.is_number_integer()) malformed(where + "." + key, "expected an integer");
+  const auto x = v.is_number_unsigned() && v.get<std::uint64_t>() > std::uint64_t(INT64_MAX)
+                     ? hi + 1
+                     : v.get<std::int64_t>();
+  if (x < lo || x > hi)
+    malformed(where + "." + key, std::to_string(x) + " is outside [" + std::to_string(lo) + ", " +
+                                     std::to_string(hi) + "]");
+  return x;
+}
+
+std::uint64_t seed_of(const json& obj, const std::string& where) {
+  const json& v = field(obj, "seed", where);
+  if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+    malformed(where + ".seed", "expected a non-negative integer");
+  return v.get<std::uint64_t>();
+}
+
+bool boolean(const json& obj, const char* key, const std::string& where) {
+  const json& v = field(obj, key, where);
+  if (!v.is_boolean()) malformed(where + "." + key, "expected true or false");
+  return v.get<bool>();
+}
+
+std::string text(const json& obj, const char* key, const std::string& where) {
+  const json& v = field(obj, key, where);
+  if (!v.is_string()) malformed(where + "." + key, "expected a string");
+  return v.get<std::string>();
+}
+
+DataKind data_kind(const json& obj, const std::string& where) {
+  const std::string s = text(obj, "data", where);
+  for (int k = 0; k <= int(DataKind::bad); ++k)
+    if (data_kind_name(DataKind(k)) == s) return DataKind(k);
+  malformed(where + ".data", "unknown data kind '" + s + "'");
+}
+
+DType dtype_of(const std::string& s, const std::string& where) {
+  for (DType t : {DType::f32, DType::f16, DType::bf16})
+    if (dtype_name(t) == s) return t;
+  malformed(where, "unknown dtype '" + s + "' (expected f32, f16 or bf16)");
+}
+
+constexpr std::int64_t kMaxCount = 1 << 30;
+
+Command command_of(const json& j, const std::string& where) {
+  const std::string op = text(j, "op", where);
+  if (op == "append")
+    return Append{integer(j, "n", where, -kMaxCount, kMaxCount), seed_of(j, where), data_kind(j, where)};
+  if (op == "append_dc" || op == "append_dcw")
+    return AppendDc{seed_of(j, where), data_kind(j, where), op == "append_dcw"};
+  if (op == "inc_seqlen") return IncSeqlen{};
+  if (op == "account_steps") return AccountSteps{integer(j, "k", where, -kMaxCount, kMaxCount)};
+  if (op == "reserve") return Reserve{integer(j, "k", where, -kMaxCount, kMaxCount)};
+  if (op == "rewind") return Rewind{integer(j, "to", where, -kMaxCount, kMaxCount)};
+  if (op == "decode") return Decode{DecodeVariant::host, seed_of(j, where)};
+  if (op == "decode_dc") return Decode{DecodeVariant::dc, seed_of(j, where)};
+  if (op == "decode_dcw") return Decode{DecodeVariant::dcw, seed_of(j, where)};
+  if (op == "physical_rows")
+    return PhysicalRows{integer(j, "start", where, -kMaxCount, kMaxCount),
+                        integer(j, "end", where, -kMaxCount, kMaxCount)};
+  if (op == "can_rewind_to") return CanRewindTo{integer(j, "p", where, -kMaxCount, kMaxCount)};
+  if (op == "graph_chain")
+    return GraphChain{integer(j, "steps", where, 0, 4096), seed_of(j, where),
+                      boolean(j, "windowed", where)};
+  if (op == "status") return StatusQuery{};
+  malformed(where + ".op", "unknown op '" + op + "'");
+}
+
+struct ToJson {
+  json operator()(const Append& c) const {
+    return {{"op", "append"}, {"n", c.n}, {"data", data_kind_name(c.data)}, {"seed", c.seed}};
+  }
+  json operator()(const AppendDc& c) const {
+    return {{"op", c.windowed ? "append_dcw" : "append_dc"}, {"data", data_kind_name(c.data)},
+            {"seed", c.seed}};
+  }
+  json operator()(const IncSeqlen&) const { return {{"op", "inc_seqlen"}}; }
+  json operator()(const AccountSteps& c) const { return {{"op", "account_steps"}, {"k", c.k}}; }
+  json operator()(const Reserve& c) const { return {{"op", "reserve"}, {"k", c.k}}; }
+  json operator()(const Rewind& c) const { return {{"op", "rewind"}, {"to", c.to}}; }
+  json operator()(const Decode& c) const {
+    return {{"op", decode_variant_name(c.variant)}, {"seed", c.seed}};
+  }
+  json operator()(const PhysicalRows& c) const {
+    return {{"op", "physical_rows"}, {"start", c.start}, {"end", c.end}};
+  }
+  json operator()(const CanRewindTo& c) const { return {{"op", "can_rewind_to"}, {"p", c.p}}; }
+  json operator()(const GraphChain& c) const {
+    return {{"op", "graph_chain"}, {"steps", c.steps}, {"windowed", c.windowed}, {"seed", c.seed}};
+  }
+  json operator()(const StatusQuery&) const { return {{"op", "status"}}; }
+};
+
+}  // namespace
+
+std::string to_json(const Case& c) {
+  const Geometry& g = c.geometry;
+  json geometry = {{"n_kv_heads", g.n_kv_heads}, {"head_dim_k", g.head_dim_k},
+                   {"head_dim_v", g.head_dim_v}, {"max_ctx", g.max_ctx},
+                   {"window", g.window ? json(*g.window) : json(nullptr)},
+                   {"storage", g.is_ring() ? "ring" : "flat"}, {"max_append", g.max_append},
+                   {"rewind_slack", g.rewind_slack}};
+  std::ostringstream s;
+  s << "{\n  \"format\": \"" << kFormat << "\",\n  \"version\": " << kVersion
+    << ",\n  \"geometry\": " << geometry.dump() << ",\n  \"n_q_heads\": " << c.n_q_heads
+    << ",\n  \"dtype\": \"" << dtype_name(c.dtype) << "\",\n  \"seed\": " << c.seed
+    << ",\n  \"commands\": [";
+  for (std::size_t i = 0; i < c.commands.size(); ++i)
+    s << (i ? ",\n    " : "\n    ") << std::visit(ToJson{}, c.commands[i]).dump();
+  s << "\n  ]\n}\n";
+  return s.str();
+}
+
+Case from_json(std::string_view text_in) {
+  json j;
+  try {
+    j = json::parse(text_in.begin(), text_in.end());
+  } catch (const json::parse_error& e) {
+    malformed("JSON", e.what());
+  }
+  if (!j.is_object()) malformed("top level", "expected an object");
+  if (text(j, "format", "top level") != kFormat)
+    malformed("format", std::string("expected \"") + kFormat + "\"");
+  integer(j, "version", "top level", kVersion, kVersion);
+  Case c;
+  const json& g = field(j, "geometry", "top level");
+  const std::string gw = "geometry";
+  c.geometry.n_kv_heads = int(integer(g, "n_kv_heads", gw, 1, 4096));
+  c.geometry.head_dim_k = int(integer(g, "head_dim_k", gw, 1, 4096));
+  c.geometry.head_dim_v = int(integer(g, "head_dim_v", gw, 1, 4096));
+  c.geometry.max_ctx = integer(g, "max_ctx", gw, 1, INT32_MAX);
+  const json& w = field(g, "window", gw);
+  if (!w.is_null()) c.geometry.window = integer(g, "window", gw, 1, INT32_MAX);
+  const std::string storage = text(g, "storage", gw);
+  if (storage != "flat" && storage != "ring")
+    malformed("geometry.storage", "expected \"flat\" or \"ring\", got '" + storage + "'");
+  c.geometry.storage = storage == "ring" ? Storage::ring : Storage::flat;
+  c.geometry.max_append = integer(g, "max_append", gw, 1, INT32_MAX);
+  c.geometry.rewind_slack = integer(g, "rewind_slack", gw, 0, INT32_MAX);
+  try {
+    c.geometry.validate();
+  } catch (const Error& e) {
+    malformed("geometry", e.what());
+  }
+  c.n_q_heads = int(integer(j, "n_q_heads", "top level", 1, 65536));
+  c.dtype = dtype_of(text(j, "dtype", "top level"), "dtype");
+  c.seed = seed_of(j, "top level");
+  const json& cmds = field(j, "commands", "top level");
+  if (!cmds.is_array()) malformed("commands", "expected an array");
+  if (cmds.size() > 100000) malformed("commands", "more than 100000 commands");
+  for (std::size_t i = 0; i < cmds.size(); ++i)
+    c.commands.push_back(command_of(cmds[i], "commands[" + std::to_string(i) + "]"));
+  return c;
+}
+
+Case read_replay_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorKind::io, "replay file " + path + ": cannot be read");
+  std::ostringstream s;
+  s << in.rdbuf();
+  try {
+    return from_json(s.str());
+  } catch (const Error& e) {
+    throw Error(ErrorKind::io, path + ": " + e.what());
+  }
+}
+
+void write_replay_file(const std::string& path, const Case& c) {
+  std::ofstream out(path, std::ios::binary);
+  out << to_json(c);
+  if (!out) throw Error(ErrorKind::io, "replay file " + path + ": cannot be written");
+}
+
+}  // namespace kvlayer::harness
