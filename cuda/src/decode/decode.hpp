@@ -16,15 +16,23 @@ namespace kvlayer::cuda::detail {
 /// max_view_keys, so one captured graph stays valid for every token.
 struct DecodePlan {
   int n_kv_heads = 0;
-  int head_dim = 0;            ///< K and V head dim (equal; 64, 128 or 256)
-  int gqa = 0;                 ///< query heads per KV head (1..16)
-  std::int64_t max_view_keys = 0;  ///< longest view the grid serves (capacity or window)
-  int n_splits = 0;            ///< thread blocks per KV head along the keys
+  int head_dim = 0;                     ///< K and V head dim (equal; 64, 128 or 256)
+  int gqa = 0;                          ///< query heads per KV head (1..16)
+  std::int64_t max_view_keys = 0;       ///< longest view the grid serves (capacity or window)
+  int n_splits = 0;                     ///< thread blocks per KV head along the keys
+  int tile_keys = 0;                    ///< keys per tile of the key loop (4096 / head_dim)
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
   std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split
 };
 
+/// Alignment the decode needs of k_plane, v_plane (it issues 4/8/16-byte vector loads).
+/// NOTE: cudaMalloc pointers qualify; a plane must not start at an offset into a buffer.
+inline constexpr std::size_t kDecodePlaneAlignment = 16;
+
 /// Chooses the grid for a geometry on the current device. Pure host arithmetic.
+/// Throws kvlayer::Error (refused) naming the value and the supported set for an unsupported
+/// head dim (64, 128, 256), gqa (1..16), n_kv_heads < 1, max_view_keys outside [1, 2^31 − 1]
+/// or multiprocessor_count < 1.
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count);
 
@@ -34,17 +42,17 @@ struct DecodeArgs {
   const std::uint8_t* v_plane = nullptr;  ///< q5_1 rows, v_tok_bytes each
   std::int64_t rows = 0;                  ///< physical rows of each plane
   std::int64_t max_ctx = 0;
-  std::int64_t window = 0;                ///< 0: attend [0, len); else [max(0, len − window), len)
+  std::int64_t window = 0;  ///< 0: attend [0, len); else [max(0, len − window), len)
   /// Device-counter mode when len_d != nullptr (base_d may be null: base 0). Else host mode.
   const std::int32_t* len_d = nullptr;
   const std::int32_t* base_d = nullptr;
   std::int64_t host_len = 0;
   std::int64_t host_base = 0;
-  const float* q = nullptr;               ///< [n_kv_heads·gqa, head_dim] f32
-  float* out = nullptr;                   ///< [n_kv_heads·gqa, head_dim] f32
+  const float* q = nullptr;  ///< [n_kv_heads·gqa, head_dim] f32
+  float* out = nullptr;      ///< [n_kv_heads·gqa, head_dim] f32
   float scale = 0;
-  void* scratch = nullptr;                ///< plan.scratch_bytes, allocated once
-  DeviceStatus* status = nullptr;         ///< device errors (view too long / outside rows)
+  void* scratch = nullptr;         ///< plan.scratch_bytes, allocated once
+  DeviceStatus* status = nullptr;  ///< device errors (view too long / outside rows)
 };
 
 /// Enqueues the decode (split kernel + merge) on stream. Capturable: no host sync, no

@@ -1,0 +1,577 @@
+// Split-K flash-decoding over the quantized cache (SPEC §8): K q8_0, V q5_1, one query token.
+//
+// ---- Declared internal precision (the accuracy contract; see reference/.../accuracy.hpp) ----
+// The tolerance against the float64 reference is derived from exactly these rounding points; a
+// later tensor-core version (mma.sync m16n8k16, f16 operands, f32 accumulators) keeps them.
+//  (1) q is rounded once to fp16 (round-to-nearest-even, subnormals kept). K quants are exact
+//      int8. Per 32-value block the dot Σ_j q̃_j·qs_j is accumulated in f32 (sequential FMAs,
+//      j = 0..31), multiplied by the block's f32(d), and the head_dim/32 block results are
+//      summed in f32 (xor-butterfly across lanes, a fixed order); score = dot × scale in f32.
+//      NOTE: |q| must stay below 65520 (fp16 overflow); real activations do.
+//  (2) Online softmax in f32 per split, one max update per tile: m' = max(m, tile max),
+//      α = exp2f((m − m')·log2e) (exactly 1 when m' == m), p_t = exp2f((s_t − m')·log2e).
+//      IEEE exp2f (no fast-math, ≤ 2 ulp). m starts at the finite sentinel −FLT_MAX, never
+//      −inf, so no inf − inf can arise; fmaxf ignores NaN scores, so m stays finite and a NaN
+//      score (canonical bad block) reaches the output through p.
+//  (3) p is rounded to fp16 (RNE) before it multiplies V. V is dequantized per SPEC §4 in
+//      exact f32 (d·q is exact, + m rounds once: bit-identical to the reference). The row sum
+//      l = l·α + Σ_tile p uses the unrounded f32 p. PV is accumulated in f32 with FMAs, one
+//      accumulator per (query head, column), keys in order: at most max_keys_per_split terms
+//      (plus one ×α per tile that raised the max).
+//  (4) Merge across splits in f32: M = max m_i, w_i = exp2f((m_i − M)·log2e),
+//      o = (Σ_i o_i·w_i) / (Σ_i l_i·w_i), splits in index order, IEEE division.
+//
+// ---- Design ---------------------------------------------------------------------------------
+// Grid (n_splits, n_kv_heads) × 128 threads, fixed at plan time. A block serves all gqa query
+// heads of its KV head, so every K/V byte of a decode is read from memory once. The live view
+// length picks the partition (keys_per_split = ceil(n / n_splits) rounded up to a tile).
+// Keys are processed in tiles of T = 4096/head_dim keys (T × head_dim/32 = 128 blocks), staged
+// in shared memory by cp.async with kStages buffers (two tiles in flight while one computes):
+//  A. scores: thread (t, b) dots its K block with the gqa query heads, butterfly over b;
+//  B. softmax: warp w owns query heads w, w+4, …: tile max, α, p (fp16) and l;
+//  C. PV: thread owns output columns (and, for head_dim 64, half the query heads).
+// Alignment: a head's K span is (head_dim/32)·34 = 17·c bytes with c = 4, 8, 16 for head dims
+// 64, 128, 256, and k_tok_bytes is a multiple of it, so every K span is c-byte aligned (the
+// planes are 16-byte aligned); V spans are multiples of 16 bytes. Each tile load is therefore
+// 17 c-byte copies per key for K and head_dim·24/32/16 16-byte copies per key for V.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <cstdint>
+
+#include "decode/decode.hpp"
+#include "decode/partition.hpp"
+#include "device_status.cuh"
+
+namespace kvlayer::cuda::detail {
+namespace {
+
+constexpr int kThreads = kDecodeThreads;
+constexpr int kWarps = kThreads / 32;
+constexpr int kStages = 3;
+constexpr float kNegSentinel = -FLT_MAX;  ///< finite "minus infinity" for m
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kDecodeViewTooLong = 3;  ///< kvlayer::DeviceErrorKind::decode_view_too_long
+
+/// Compile-time layout for one head dim.
+template <int D>
+struct Shape {
+  static_assert(D == 64 || D == 128 || D == 256, "supported head dims: 64, 128, 256");
+  static constexpr int kBlocks = D / 32;             ///< 32-value blocks per head
+  static constexpr int kTile = decode_tile_keys(D);  ///< keys per tile
+  static constexpr int kKBytes = kBlocks * 34;       ///< K span of one head in a row
+  static constexpr int kVBytes = kBlocks * 24;       ///< V span of one head in a row
+  static constexpr int kKChunk = kKBytes / 17;       ///< 4, 8, 16: the K span's alignment
+  static constexpr int kKChunks = 17;
+  static constexpr int kVChunks = kVBytes / 16;
+  static constexpr int kQStride = 36;  ///< floats per (head, block) of q: 32 + 4 bank padding
+  /// Phase C: columns per thread and query-head groups (head_dim 64 splits the heads in two).
+  static constexpr int kColThreads = D < kThreads ? D : kThreads;
+  static constexpr int kCols = D / kColThreads;
+  static constexpr int kHeadGroups = kThreads / kColThreads;
+  static_assert(kKChunk * kKChunks == kKBytes && kVChunks * 16 == kVBytes);
+  static_assert(kTile * kBlocks == kThreads);
+};
+
+/// The view a launch attends, resolved on the device (device-counter mode) or from the host
+/// values. Passed by value so a captured graph holds only pointers and layer constants.
+struct ViewParams {
+  const std::int32_t* len_d;  ///< null: host mode
+  const std::int32_t* base_d;
+  long long host_len, host_base;
+  long long window, rows, max_ctx, max_view;
+};
+
+struct View {
+  long long begin, end, base;  ///< logical [begin, end) at physical row = logical − base
+  long long len, limit;        ///< for the error record
+  bool error;
+};
+
+/// Resolves and (device mode) checks the view, in the reference's order: len_d past max_ctx
+/// (limit max_ctx), then outside the resident rows (limit rows), then longer than the grid
+/// (limit max_view_keys). Host-mode views were checked on the host before the launch.
+/// NOTE: a negative len_d or base_d (impossible through the layer API) is treated as outside.
+__device__ View resolve_view(const ViewParams& p) {
+  View v{};
+  long long base = p.host_base;
+  v.len = p.host_len;
+  if (p.len_d != nullptr) {
+    v.len = *p.len_d;
+    base = p.base_d != nullptr ? *p.base_d : 0;
+  }
+  v.base = base;
+  v.end = v.len;
+  v.begin = p.window > 0 ? (v.len - p.window > 0 ? v.len - p.window : 0) : 0;
+  if (p.len_d != nullptr) {
+    if (v.len < 0 || v.len > p.max_ctx) {
+      v.error = true;
+      v.limit = p.max_ctx;
+    } else if (base < 0 || v.begin < base || v.len - base > p.rows) {
+      v.error = true;
+      v.limit = p.rows;
+    } else if (v.end - v.begin > p.max_view) {
+      v.error = true;
+      v.limit = p.max_view;
+    }
+  }
+  return v;
+}
+
+/// Partial results of one (KV head, split): o[gqa][D], m[gqa], l[gqa] at fixed offsets.
+struct Scratch {
+  float* o;
+  float* m;
+  float* l;
+};
+
+__host__ __device__ inline Scratch scratch_layout(void* base, int n_kv, int n_splits, int gqa,
+                                                  int d) {
+  float* f = static_cast<float*>(base);
+  const long long parts = (long long)n_kv * n_splits * gqa;
+  return Scratch{f, f + parts * d, f + parts * d + parts};
+}
+
+struct SplitParams {
+  ViewParams view;
+  const std::uint8_t* k_plane;
+  const std::uint8_t* v_plane;
+  long long k_tok_bytes, v_tok_bytes;
+  const float* q;
+  float scale;
+  int gqa, n_splits;
+  void* scratch;
+  DeviceStatus* status;
+};
+
+struct MergeParams {
+  ViewParams view;
+  float* out;
+  int gqa, n_splits, tile_keys, n_kv;
+  void* scratch;
+};
+
+// ---- cp.async (sm_80+) ---------------------------------------------------------------------
+
+template <int kBytes>
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  if constexpr (kBytes == 16) {
+    // .cg: stream through L2 only; the cache is read once per decode.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem), "n"(kBytes));
+  }
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
+  return x;
+}
+
+/// Butterfly sum: every lane ends with the same, order-fixed result (f32 + is commutative).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(kFullMask, x, off);
+  return x;
+}
+
+__device__ __forceinline__ float round_to_f16(float x) {
+  return __half2float(__float2half_rn(x));
+}
+
+__device__ __forceinline__ float f16_bits(unsigned bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+
+/// One block per (split, KV head): online softmax over the split's keys for all gqa query
+/// heads; writes the unnormalised partial (o, m, l).
+template <int D, int GMAX>
+__global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
+    decode_split_kernel(const SplitParams p) {
+  using S = Shape<D>;
+  constexpr int NB = S::kBlocks;
+  constexpr int T = S::kTile;
+  constexpr int GW = (GMAX + kWarps - 1) / kWarps;                   // heads per warp, phase B
+  constexpr int GPT = (GMAX + S::kHeadGroups - 1) / S::kHeadGroups;  // heads per thread, C
+
+  // NOTE: k_tile precedes v_tile so that no K read can leave shared memory (it never does:
+  // the 9-word window of a block ends at or before its key's K span end, see phase A).
+  __shared__ __align__(16) std::uint8_t k_tile[kStages][T * S::kKBytes];
+  __shared__ __align__(16) std::uint8_t v_tile[kStages][T * S::kVBytes];
+  __shared__ __align__(16) float q_s[GMAX * NB * S::kQStride];
+  __shared__ float s_s[GMAX][T];   // scores of the tile
+  __shared__ float p_s[T][GMAX];   // fp16-rounded probabilities of the tile
+  __shared__ float alpha_s[GMAX];  // rescale of the running output, per head
+
+  const int split = blockIdx.x;
+  const int kv = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int G = p.gqa;
+
+  const View view = resolve_view(p.view);
+  if (view.error) {
+    if (split == 0 && kv == 0 && tid == 0)
+      record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
+    return;  // block-uniform: no barrier has been reached yet
+  }
+  const long long n = view.end - view.begin;
+  if (n <= 0) return;  // the merge writes the all-zero output
+
+  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, G, D);
+  const long long part = (long long)kv * p.n_splits + split;  // partial index
+  float* part_o = scratch.o + part * G * D;
+  float* part_m = scratch.m + part * G;
+  float* part_l = scratch.l + part * G;
+
+  const long long kps = decode_keys_per_split(n, p.n_splits, T);
+  const long long lo = view.begin + split * kps;
+  const long long hi = lo + kps < view.end ? lo + kps : view.end;
+  if (lo >= hi) {
+    // Past the view: an empty partial (m = sentinel, l = 0, o = 0) so scratch is always whole.
+    for (int i = tid; i < G * D; i += kThreads) part_o[i] = 0.0f;
+    for (int g = tid; g < G; g += kThreads) {
+      part_m[g] = kNegSentinel;
+      part_l[g] = 0.0f;
+    }
+    return;
+  }
+
+  // q of this KV head's query heads, rounded to fp16 once, laid out [g][block][36].
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int g = i / D, e = i % D;
+    q_s[(g * NB + e / 32) * S::kQStride + e % 32] =
+        round_to_f16(p.q[((long long)kv * G + g) * D + e]);
+  }
+
+  const std::uint8_t* k_head = p.k_plane + (long long)kv * S::kKBytes;
+  const std::uint8_t* v_head = p.v_plane + (long long)kv * S::kVBytes;
+  const long long n_keys = hi - lo;
+  const int n_tiles = static_cast<int>((n_keys + T - 1) / T);
+
+  // Issues the copies of one tile into its stage (nothing past the split's last key), and
+  // always commits a group so that wait_group counts tiles.
+  auto issue = [&](int tile) {
+    if (tile < n_tiles) {
+      const long long key0 = lo + (long long)tile * T;
+      const int valid = static_cast<int>(hi - key0 < T ? hi - key0 : T);
+      const long long row0 = key0 - view.base;  // physical row of the tile's first key
+      std::uint8_t* kd = k_tile[tile % kStages];
+      std::uint8_t* vd = v_tile[tile % kStages];
+      for (int i = tid; i < valid * S::kKChunks; i += kThreads) {
+        const int t = i / S::kKChunks, c = i % S::kKChunks;
+        cp_async<S::kKChunk>(kd + t * S::kKBytes + c * S::kKChunk,
+                             k_head + (row0 + t) * p.k_tok_bytes + c * S::kKChunk);
+      }
+      for (int i = tid; i < valid * S::kVChunks; i += kThreads) {
+        const int t = i / S::kVChunks, c = i % S::kVChunks;
+        cp_async<16>(vd + t * S::kVBytes + c * 16, v_head + (row0 + t) * p.v_tok_bytes + c * 16);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Running softmax state of the heads this warp owns in phase B (identical in all lanes).
+  const int warp = tid / 32, lane = tid % 32;
+  float m_run[GW], l_run[GW];
+#pragma unroll
+  for (int k = 0; k < GW; ++k) {
+    m_run[k] = kNegSentinel;
+    l_run[k] = 0.0f;
+  }
+  // Phase C ownership: columns col0 + c·128, query heads hg + kHeadGroups·k.
+  const int col0 = tid % S::kColThreads;
+  const int hg = tid / S::kColThreads;
+  float acc[S::kCols][GPT];
+#pragma unroll
+  for (int c = 0; c < S::kCols; ++c)
+#pragma unroll
+    for (int k = 0; k < GPT; ++k) acc[c][k] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    cp_async_wait<kStages - 2>();  // this thread's copies of `tile` have landed
+    __syncthreads();               // everyone's have; everyone finished tile − 1 (and q_s)
+    issue(tile + kStages - 1);     // reuses the stage of tile − 1, free after the barrier
+
+    const int stage = tile % kStages;
+    const long long key0 = lo + (long long)tile * T;
+    const int valid = static_cast<int>(hi - key0 < T ? hi - key0 : T);
+
+    // ---- A: scores. Thread (t, b): block b of key t against every query head. ----
+    {
+      const int t = tid / NB, b = tid % NB;
+      float dot[GMAX];
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) dot[g] = 0.0f;
+      if (t < valid) {
+        // The block starts at byte t·kKBytes + b·34 ≡ 2·(b & 1) (mod 4): read the 9 aligned
+        // words covering it and shift by 2 bytes for even b. For odd b the window starts 2
+        // bytes early; for the last block (odd: NB is even) it ends exactly at the key's end.
+        const int start = t * S::kKBytes + b * 34;
+        const unsigned* w = reinterpret_cast<const unsigned*>(k_tile[stage] + (start & ~3));
+        const bool odd = (start & 2) != 0;
+        unsigned wr[9];
+#pragma unroll
+        for (int i = 0; i < 9; ++i) wr[i] = w[i];
+        const float d = f16_bits(odd ? wr[0] >> 16 : wr[0] & 0xffffu);
+        const unsigned sel = odd ? 0x7654u : 0x5432u;
+        float kq[32];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const unsigned qw = __byte_perm(wr[i], wr[i + 1], sel);
+#pragma unroll
+          for (int j = 0; j < 4; ++j)
+            kq[4 * i + j] = static_cast<float>(static_cast<std::int8_t>(qw >> (8 * j)));
+        }
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g) {
+          if (g < G) {
+            const float4* qv = reinterpret_cast<const float4*>(q_s + (g * NB + b) * S::kQStride);
+            float a = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+              const float4 x = qv[i];
+              a = fmaf(x.x, kq[4 * i + 0], a);
+              a = fmaf(x.y, kq[4 * i + 1], a);
+              a = fmaf(x.z, kq[4 * i + 2], a);
+              a = fmaf(x.w, kq[4 * i + 3], a);
+            }
+            dot[g] = __fmul_rn(a, d);  // _rn: never contracted into the butterfly add
+          }
+        }
+      }
+      // Sum the NB blocks of key t (consecutive lanes); all lanes take part.
+#pragma unroll
+      for (int g = 0; g < GMAX; ++g) {
+        if (g < G) {
+#pragma unroll
+          for (int off = NB / 2; off > 0; off /= 2)
+            dot[g] += __shfl_xor_sync(kFullMask, dot[g], off);
+        }
+      }
+      if (b == 0 && t < valid) {
+#pragma unroll
+        for (int g = 0; g < GMAX; ++g)
+          if (g < G) s_s[g][t] = __fmul_rn(dot[g], p.scale);
+      }
+    }
+    __syncthreads();
+
+    // ---- B: online softmax. Warp w owns query heads w, w + 4, … ----
+#pragma unroll
+    for (int k = 0; k < GW; ++k) {
+      const int g = warp + kWarps * k;
+      if (g < G) {
+        float top = kNegSentinel;
+        for (int t = lane; t < valid; t += 32) top = fmaxf(top, s_s[g][t]);
+        top = warp_max(top);
+        const float m_new = fmaxf(m_run[k], top);
+        const float alpha = m_new == m_run[k] ? 1.0f : exp2f((m_run[k] - m_new) * kLog2e);
+        float sum = 0.0f;
+        for (int t = lane; t < T; t += 32) {
+          float pt = 0.0f;
+          if (t < valid) {
+            pt = exp2f((s_s[g][t] - m_new) * kLog2e);
+            sum += pt;
+          }
+          p_s[t][g] = round_to_f16(pt);
+        }
+        sum = warp_sum(sum);
+        l_run[k] = l_run[k] * alpha + sum;
+        m_run[k] = m_new;
+        if (lane == 0) alpha_s[g] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // ---- C: o = o·α + Σ_t p̃_t·V_t over the tile's valid keys (never a stale row). ----
+    {
+#pragma unroll
+      for (int c = 0; c < S::kCols; ++c)
+#pragma unroll
+        for (int k = 0; k < GPT; ++k) {
+          const int g = hg + S::kHeadGroups * k;
+          if (g < G) acc[c][k] *= alpha_s[g];
+        }
+      const std::uint8_t* vt = v_tile[stage];
+#pragma unroll 1
+      for (int t = 0; t < valid; ++t) {
+#pragma unroll
+        for (int c = 0; c < S::kCols; ++c) {
+          const int col = col0 + c * S::kColThreads;
+          const int j = col % 32;
+          const std::uint8_t* blk = vt + t * S::kVBytes + (col / 32) * 24;
+          const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
+          const unsigned byte = blk[8 + (j & 15)];
+          const unsigned nib = j < 16 ? (byte & 15u) : (byte >> 4);
+          const unsigned q5 = nib | (((hdr.y >> j) & 1u) << 4);
+          // d·q is exact in f32, so the FMA rounds once, exactly like d·q + m (SPEC §4).
+          const float v =
+              fmaf(f16_bits(hdr.x & 0xffffu), static_cast<float>(q5), f16_bits(hdr.x >> 16));
+#pragma unroll
+          for (int k = 0; k < GPT; ++k) {
+            const int g = hg + S::kHeadGroups * k;
+            if (g < G) acc[c][k] = fmaf(p_s[t][g], v, acc[c][k]);
+          }
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can remain; keep the block's exit clean anyway
+
+#pragma unroll
+  for (int c = 0; c < S::kCols; ++c)
+#pragma unroll
+    for (int k = 0; k < GPT; ++k) {
+      const int g = hg + S::kHeadGroups * k;
+      if (g < G) part_o[g * D + col0 + c * S::kColThreads] = acc[c][k];
+    }
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < GW; ++k) {
+      const int g = warp + kWarps * k;
+      if (g < G) {
+        part_m[g] = m_run[k];
+        part_l[g] = l_run[k];
+      }
+    }
+  }
+}
+
+/// One block per query head, head_dim threads (one output column each): merges the active
+/// splits' partials in split order. Writes nothing when the view is in error.
+__global__ void decode_merge_kernel(const MergeParams p) {
+  __shared__ float w_s[kDecodeMaxSplits];
+  __shared__ float red_s[32];
+  const View view = resolve_view(p.view);
+  if (view.error) return;  // the split kernel recorded it
+  const int D = blockDim.x;
+  const int h = blockIdx.x, kv = h / p.gqa, g = h % p.gqa;
+  const int tid = threadIdx.x;
+  float* out = p.out + (long long)h * D + tid;
+  const long long n = view.end - view.begin;
+  if (n <= 0) {
+    *out = 0.0f;  // SPEC §8: an empty view gives an all-zero output
+    return;
+  }
+  const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys);
+  const int active = static_cast<int>((n + kps - 1) / kps);
+  const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, p.gqa, D);
+  const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
+
+  // M = max_i m_i (fmaxf is exact and order-free).
+  float top = kNegSentinel;
+  for (int i = tid; i < active; i += D) top = fmaxf(top, s.m[(part0 + i) * p.gqa + g]);
+  top = warp_max(top);
+  if (tid % 32 == 0) red_s[tid / 32] = top;
+  __syncthreads();
+  top = kNegSentinel;
+  for (int i = 0; i < D / 32; ++i) top = fmaxf(top, red_s[i]);
+  for (int i = tid; i < active; i += D) {
+    const float mi = s.m[(part0 + i) * p.gqa + g];
+    w_s[i] = mi == top ? 1.0f : exp2f((mi - top) * kLog2e);
+  }
+  __syncthreads();
+
+  float num = 0.0f, den = 0.0f;
+#pragma unroll 4
+  for (int i = 0; i < active; ++i) {
+    const long long part = (part0 + i) * p.gqa + g;
+    num = fmaf(s.o[part * D + tid], w_s[i], num);
+    den = fmaf(s.l[part], w_s[i], den);
+  }
+  *out = num / den;
+}
+
+template <int D, int GMAX>
+void launch_split(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  decode_split_kernel<D, GMAX><<<grid, kThreads, 0, stream>>>(sp);
+}
+
+template <int D>
+void launch_split_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  if (sp.gqa <= 1) return launch_split<D, 1>(sp, grid, stream);
+  if (sp.gqa <= 2) return launch_split<D, 2>(sp, grid, stream);
+  if (sp.gqa <= 4) return launch_split<D, 4>(sp, grid, stream);
+  if (sp.gqa <= 8) return launch_split<D, 8>(sp, grid, stream);
+  return launch_split<D, 16>(sp, grid, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+  // Plan and arguments: refuse anything the kernels were not built for (no device work).
+  const bool plan_ok = (plan.head_dim == 64 || plan.head_dim == 128 || plan.head_dim == 256) &&
+                       plan.gqa >= 1 && plan.gqa <= 16 && plan.n_kv_heads >= 1 &&
+                       plan.n_kv_heads <= 65535 && plan.n_splits >= 1 &&
+                       plan.n_splits <= kDecodeMaxSplits &&
+                       plan.tile_keys == decode_tile_keys(plan.head_dim) && plan.max_view_keys >= 1;
+  if (!plan_ok) return cudaErrorInvalidValue;
+  const auto misaligned = [](const void* ptr) {
+    return reinterpret_cast<std::uintptr_t>(ptr) % kDecodePlaneAlignment != 0;
+  };
+  if (a.k_plane == nullptr || a.v_plane == nullptr || a.q == nullptr || a.out == nullptr ||
+      a.scratch == nullptr || misaligned(a.k_plane) || misaligned(a.v_plane) || a.rows < 0 ||
+      a.max_ctx < 0 || a.window < 0)
+    return cudaErrorInvalidValue;
+  if (a.len_d != nullptr && a.status == nullptr) return cudaErrorInvalidValue;
+  if (a.len_d == nullptr) {
+    // Host mode: the same checks the device makes, made here so a bad view launches nothing.
+    const long long len = a.host_len, base = a.host_base;
+    const long long begin = a.window > 0 ? (len > a.window ? len - a.window : 0) : 0;
+    if (len < 0 || len > a.max_ctx || base < 0 || begin < base || len - base > a.rows ||
+        len - begin > plan.max_view_keys)
+      return cudaErrorInvalidValue;
+  }
+
+  const long long blocks_per_head = plan.head_dim / 32;
+  const ViewParams vp{a.len_d,  a.base_d, a.host_len, a.host_base,
+                      a.window, a.rows,   a.max_ctx,  plan.max_view_keys};
+  const SplitParams sp{vp,
+                       a.k_plane,
+                       a.v_plane,
+                       plan.n_kv_heads * blocks_per_head * 34,
+                       plan.n_kv_heads * blocks_per_head * 24,
+                       a.q,
+                       a.scale,
+                       plan.gqa,
+                       plan.n_splits,
+                       a.scratch,
+                       a.status};
+  const dim3 grid(static_cast<unsigned>(plan.n_splits), static_cast<unsigned>(plan.n_kv_heads));
+  switch (plan.head_dim) {
+    case 64:
+      launch_split_for_dim<64>(sp, grid, stream);
+      break;
+    case 128:
+      launch_split_for_dim<128>(sp, grid, stream);
+      break;
+    default:
+      launch_split_for_dim<256>(sp, grid, stream);
+      break;
+  }
+  if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+
+  const MergeParams mp{vp,       a.out, plan.gqa, plan.n_splits, plan.tile_keys, plan.n_kv_heads,
+                       a.scratch};
+  decode_merge_kernel<<<static_cast<unsigned>(plan.n_kv_heads * plan.gqa),
+                        static_cast<unsigned>(plan.head_dim), 0, stream>>>(mp);
+  return cudaGetLastError();
+}
+
+}  // namespace kvlayer::cuda::detail

@@ -1,0 +1,31 @@
+// The split-K partition shared by the planner (host) and the kernels (device): one formula, so
+// the plan's max_keys_per_split bounds what the kernels actually do.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvlayer::cuda::detail {
+
+/// Threads per split block: one (key, 32-value block) pair each in the score phase.
+inline constexpr int kDecodeThreads = 128;
+/// Upper bound on n_splits (the merge kernel keeps one weight per split in shared memory).
+inline constexpr int kDecodeMaxSplits = 1024;
+/// Split blocks the planner aims for per multiprocessor at max_view_keys.
+inline constexpr int kDecodeBlocksPerSm = 4;
+
+/// Keys per tile for a head dim: tile × (head_dim / 32) = kDecodeThreads.
+__host__ __device__ constexpr int decode_tile_keys(int head_dim) {
+  return kDecodeThreads / (head_dim / 32);
+}
+
+/// Keys per split for a view of n ≥ 1 keys: ceil(n / n_splits) rounded up to a whole tile.
+/// NOTE: depends only on the view length and the geometry (SPEC §8 determinism).
+__host__ __device__ constexpr std::int64_t decode_keys_per_split(std::int64_t n, int n_splits,
+                                                                 int tile_keys) {
+  const std::int64_t per = (n + n_splits - 1) / n_splits;
+  return (per + tile_keys - 1) / tile_keys * tile_keys;
+}
+
+}  // namespace kvlayer::cuda::detail

@@ -1,0 +1,48 @@
+// plan_decode: the fixed split-K grid of a layer (pure host arithmetic).
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "decode/decode.hpp"
+#include "decode/partition.hpp"
+#include "kvlayer/error.hpp"
+
+namespace kvlayer::cuda::detail {
+
+DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
+                       int multiprocessor_count) {
+  const char* op = "plan_decode";
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+    refuse(op, "head_dim ", head_dim,
+           " is not supported by the CUDA decode (supported: 64, 128, 256)");
+  if (gqa < 1 || gqa > 16)
+    refuse(op, "gqa ", gqa, " is not supported by the CUDA decode (supported: 1..16)");
+  if (n_kv_heads < 1 || n_kv_heads > 65535)
+    refuse(op, "n_kv_heads ", n_kv_heads, " is outside the supported range [1, 65535]");
+  if (max_view_keys < 1 || max_view_keys > std::numeric_limits<std::int32_t>::max())
+    refuse(op, "max_view_keys ", max_view_keys, " is outside [1, 2^31 - 1]");
+  if (multiprocessor_count < 1)
+    refuse(op, "multiprocessor_count ", multiprocessor_count, " must be at least 1");
+
+  DecodePlan p;
+  p.n_kv_heads = n_kv_heads;
+  p.head_dim = head_dim;
+  p.gqa = gqa;
+  p.max_view_keys = max_view_keys;
+  p.tile_keys = decode_tile_keys(head_dim);
+  // Enough (KV head, split) blocks for kDecodeBlocksPerSm per SM at the longest view, but no
+  // split shorter than one tile (it would only add merge work) and no more than the merge holds.
+  const std::int64_t target = std::int64_t(kDecodeBlocksPerSm) * multiprocessor_count;
+  const std::int64_t max_tiles = (max_view_keys + p.tile_keys - 1) / p.tile_keys;
+  std::int64_t splits = (target + n_kv_heads - 1) / n_kv_heads;
+  splits = std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits));
+  p.n_splits = int(splits);
+  // keys_per_split grows with the view length, so the longest view bounds every launch.
+  p.max_keys_per_split = decode_keys_per_split(max_view_keys, p.n_splits, p.tile_keys);
+  // Per (KV head, split, query head): o[head_dim], m, l — all f32.
+  p.scratch_bytes = std::size_t(n_kv_heads) * std::size_t(p.n_splits) * std::size_t(gqa) *
+                    std::size_t(head_dim + 2) * sizeof(float);
+  return p;
+}
+
+}  // namespace kvlayer::cuda::detail
