@@ -165,6 +165,9 @@ void KvLayer::account_steps(std::int64_t k) {
   if (k < 0 || len_ + k > geometry_.max_ctx)
     refuse("account_steps", "len ", len_, " + k ", k, " is outside [len, max_ctx ",
            geometry_.max_ctx, "]");
+  if (len_ + k - base_ > geometry_.rows())
+    refuse("account_steps", "len ", len_, " + k ", k, " - base ", base_, " exceeds rows ",
+           geometry_.rows(), " (more steps than reserve() made room for)");
   len_ += k;
 }
 

@@ -121,6 +121,12 @@ double naive_output(const ref::KvLayer& m, const std::vector<float>& q, int n_q_
 Executor::Executor(const Case& c, System* system)
     : case_(c), system_(system), model_(c.geometry) {}
 
+bool Executor::dc_append_writes(bool windowed) const {
+  // SPEC §7: a device-counter append writes only inside the plane and below max_ctx.
+  const std::int64_t len_d = model_.len_d(), phys = len_d - (windowed ? model_.base_d() : 0);
+  return len_d < case_.geometry.max_ctx && phys >= 0 && phys < case_.geometry.rows();
+}
+
 void Executor::remember_rows(const HostRows& rows, std::int64_t first) {
   const Geometry& g = case_.geometry;
   for (std::int64_t r = 0; r < rows.n; ++r) {
@@ -143,11 +149,14 @@ std::optional<std::string> Executor::check_model_invariants() {
   else if (len - base > g.rows()) s << "len " << len << " − base " << base << " > rows " << g.rows();
   else if (model_.base_d() != base) s << "base_d " << model_.base_d() << " != base " << base;
   if (!s.str().empty()) return "model invariant broken: " + s.str();
+  // Every live logical row still holds the bytes it was written with, where SPEC §6 maps it.
+  // Rows a device-counter append wrote at len_d ≥ len are live until accounted for, unless a
+  // rebase ran in between: it moves only [retain, len) (the host's rows).
+  const std::int64_t live_end = base > last_base_ ? len : std::max(len, model_.len_d());
   if (base > last_base_) ++stats_.rebases;
   last_base_ = base;
-  // Every live logical row still holds the bytes it was written with, where SPEC §6 maps it.
   shadow_.erase(shadow_.begin(), shadow_.lower_bound(base));
-  shadow_.erase(shadow_.lower_bound(std::max(len, model_.len_d())), shadow_.end());
+  shadow_.erase(shadow_.lower_bound(live_end), shadow_.end());
   for (const auto& [row, bytes] : shadow_) {
     const std::int64_t p = row - base;
     if (p >= g.rows()) continue;  // only reachable past a device overrun, which wrote nothing
@@ -260,6 +269,7 @@ std::optional<std::string> Executor::check_decode(const Expectation& x,
 }
 
 std::optional<std::string> Executor::step(const Command& command) {
+  executed_.push_back(command);
   ++stats_.commands[kind_name(command)];
   const Geometry& g = case_.geometry;
   const DType dt = case_.dtype;
@@ -286,11 +296,11 @@ std::optional<std::string> Executor::step(const Command& command) {
   } else if (const auto* c = std::get_if<AppendDc>(&command)) {
     const HostRows row = make_rows(g, dt, 1, c->seed, c->data);
     const std::int64_t at = model_.len_d();
-    const auto status_before = model_.status().device_error;
+    const bool writes = dc_append_writes(c->windowed);
     auto m = attempt([&] {
       c->windowed ? model_.append_dcw(view_of(row)) : model_.append_dc(view_of(row));
     });
-    if (m.value && model_.status().device_error == status_before) remember_rows(row, at);
+    if (m.value && writes) remember_rows(row, at);
     if (!m.value) ++stats_.refused;
     if (system_) diff = compare_refusal(m, attempt([&] { system_->append_dc(row, c->windowed); }));
   } else if (std::holds_alternative<IncSeqlen>(command)) {
@@ -344,10 +354,9 @@ std::optional<std::string> Executor::step(const Command& command) {
         rows.push_back(make_rows(g, dt, 1, rng.next(), DataKind::gaussian));
         queries.push_back(make_query(g, case_.n_q_heads, rng.next()));
         const std::int64_t at = model_.len_d();
-        const auto status_before = model_.status().device_error;
+        if (dc_append_writes(c->windowed)) remember_rows(rows.back(), at);
         if (c->windowed) model_.append_dcw(view_of(rows.back()));
         else model_.append_dc(view_of(rows.back()));
-        if (model_.status().device_error == status_before) remember_rows(rows.back(), at);
         model_.inc_seqlen();
         const auto variant = c->windowed ? DecodeVariant::dcw : DecodeVariant::dc;
         expected.push_back(expect_decode(

@@ -74,8 +74,8 @@ class KvLayer {
   void inc_seqlen();
   /// Host accounting after k replayed device-counter steps: len += k (SPEC §7).
   /// NOTE: len_d is not checked (the host cannot read it without a sync); accounting for the
-  /// wrong number of steps breaks len_d == len and is the caller's error. Refused only when
-  /// k < 0 or len + k > max_ctx.
+  /// wrong number of steps breaks len_d == len and is the caller's error. Refused when
+  /// k < 0, len + k > max_ctx, or len + k − base > rows (more than reserve() made room for).
   void account_steps(std::int64_t k);
 
   // ---- Decode (SPEC §8), float64 over the dequantized cache ------------------------------

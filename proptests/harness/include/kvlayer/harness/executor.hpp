@@ -50,6 +50,8 @@ class Executor {
   std::optional<Mismatch> run_all();
 
   const ref::KvLayer& model() const { return model_; }
+  /// The commands stepped so far, in order (a failing case is saved from these).
+  const std::vector<Command>& executed() const { return executed_; }
   const Stats& stats() const { return stats_; }
 
  private:
@@ -67,11 +69,13 @@ class Executor {
                             std::optional<std::vector<double>> out);
   std::optional<std::string> check_decode(const Expectation& x, const std::vector<float>& actual);
   void remember_rows(const HostRows& rows, std::int64_t first_logical_row);
+  bool dc_append_writes(bool windowed) const;
 
   Case case_;
   System* system_;
   ref::KvLayer model_;
   Stats stats_;
+  std::vector<Command> executed_;
   std::int64_t last_base_ = 0;
   /// Expected bytes of every logical row written and still live: logical row -> (K, V).
   std::map<std::int64_t, std::pair<std::vector<std::uint8_t>, std::vector<std::uint8_t>>> shadow_;
