@@ -361,7 +361,7 @@ class Shadow {
   /// append_dc (windowed = false) or append_dcw (true) of one row (SPEC §7).
   void append_device(const HostRows& one, bool windowed) {
     const std::int64_t b = windowed ? base_d_ : 0;
-    if (len_d_ >= g_.max_ctx) {
+    if (len_d_ >= g_.max_ctx) {  // checked first, as the reference does (SPEC is silent)
       device_error({kvlayer::DeviceErrorKind::append_past_max_ctx, len_d_, b, g_.max_ctx});
       written_.erase(len_d_);
     } else if (len_d_ - b >= rows_) {
@@ -372,15 +372,20 @@ class Shadow {
     }
   }
   void inc_seqlen() { ++len_d_; }
-  /// True iff account_steps(k) keeps every SPEC invariant: len + k == len_d, len ≤ max_ctx,
-  /// len − base ≤ rows.
+  /// True iff account_steps(k) keeps every SPEC invariant: len + k ≤ max_ctx (§6) and, on a
+  /// ring, len + k − base ≤ rows (§6). NOTE: len + k == len_d is the caller's duty; the
+  /// reference does not check it (README "Where SPEC.md is silent").
   bool can_account(std::int64_t k) const {
-    return k >= 0 && len_ + k == len_d_ && len_d_ <= g_.max_ctx && len_d_ - base_ <= rows_;
+    return k >= 0 && len_ + k <= g_.max_ctx && len_ + k - base_ <= rows_;
   }
   void account_steps(std::int64_t k) {
     if (!can_account(k)) throw std::logic_error("Shadow::account_steps: illegal");
     len_ += k;
   }
+
+  /// True iff a host-len decode is accepted: its view must be resident (README: a view
+  /// starting below base right after a rewind to the limit is refused).
+  bool can_decode() const { return view().first >= base_; }
 
   /// decode_dc (windowed = false) or decode_dcw (true): the logical view, or nullopt after
   /// recording the device error SPEC §7 asks for.
@@ -392,7 +397,13 @@ class Shadow {
       }
       return std::pair<std::int64_t, std::int64_t>{0, len_d_};
     }
+    // The reference checks max_ctx first, then the resident rows (SPEC is silent on which
+    // limit to report when both are exceeded).
     const auto v = view_at(len_d_);
+    if (len_d_ > g_.max_ctx) {
+      device_error({kvlayer::DeviceErrorKind::decode_view_too_long, len_d_, base_d_, g_.max_ctx});
+      return std::nullopt;
+    }
     if (v.first < base_d_ || len_d_ - base_d_ > rows_) {
       device_error({kvlayer::DeviceErrorKind::decode_view_too_long, len_d_, base_d_, rows_});
       return std::nullopt;
@@ -457,6 +468,27 @@ class Shadow {
   kvlayer::LayerStatus status_;
   std::map<std::int64_t, std::pair<std::vector<float>, std::vector<float>>> written_;
 };
+
+/// "" when the reference layer equals the model in every byte and counter (SPEC §10.1 style).
+inline std::string state_diff(const Shadow& want, const KvLayer& got) {
+  std::string d = snapshot_diff(want.snapshot(), snapshot(got), want.geometry());
+  if (got.rows() != want.rows())
+    d += "rows want " + std::to_string(want.rows()) + ", got " + std::to_string(got.rows()) + "; ";
+  return d;
+}
+
+/// SPEC §10.5 on one state: "" when base is a multiple of 32, not below `prev_base`,
+/// base ≤ len and len − base ≤ rows.
+inline std::string ring_invariants(const KvLayer& l, std::int64_t prev_base) {
+  std::ostringstream s;
+  if (l.base() % 32 != 0) s << "base " << l.base() << " not a multiple of 32; ";
+  if (l.base() < prev_base) s << "base decreased " << prev_base << " -> " << l.base() << "; ";
+  if (l.base() > l.len()) s << "base " << l.base() << " > len " << l.len() << "; ";
+  if (l.len() - l.base() > l.rows())
+    s << "len " << l.len() << " - base " << l.base() << " > rows " << l.rows() << "; ";
+  if (l.base_d() != l.base()) s << "base_d " << l.base_d() << " != base " << l.base() << "; ";
+  return s.str();
+}
 
 // ---- verify: decode oracle ---------------------------------------------------------------
 
