@@ -1,9 +1,8 @@
-// The CUDA KvLayer: host-side planning, refusals and counter bookkeeping; the kernels live in
-// append_kernel.cu, rebase.cu, counters.cu and decode/.
+// The CUDA KvLayer: refusals and host/device counter bookkeeping; the ring planning lives in
+// ring_plan.hpp and the kernels in append_kernel.cu, rebase.cu, counters.cu and decode/.
 //
-// NOTE: the ring planning below is written independently of ref::KvLayer::plan_append (the
-// harness compares two implementations), but the refusal messages are the reference's, word
-// for word (SPEC §9: the reference is the specification of messages).
+// NOTE: the refusal messages are the reference's, word for word (SPEC §9: the reference is the
+// specification of messages); the checks run on the host before any device work.
 #include "kvlayer/cuda/kv_layer.hpp"
 
 #include <algorithm>
@@ -20,6 +19,7 @@
 #include "kvlayer/error.hpp"
 #include "plane_layout.hpp"
 #include "rebase.hpp"
+#include "ring_plan.hpp"
 
 namespace kvlayer::cuda {
 namespace {
@@ -29,6 +29,7 @@ using detail::AppendMode;
 using detail::check_cuda;
 using detail::DeviceBuffer;
 using detail::DeviceStatus;
+using detail::Placement;
 
 constexpr const char* kCtor = "cuda::KvLayer";
 
@@ -49,14 +50,6 @@ void check_supported(const Geometry& g, int n_q_heads) {
     refuse(kCtor, "gqa ", gqa, " (n_q_heads ", n_q_heads, " / n_kv_heads ", g.n_kv_heads,
            ") is not supported (supported: 1..", kMaxGqa, ")");
 }
-
-/// What an append of n rows will do (SPEC §6 "append planning").
-struct Placement {
-  bool rebase = false;
-  std::int64_t retain = 0;  ///< base after the rebase
-  std::int64_t keep = 0;    ///< rows moved to the front
-  std::int64_t write_row = 0;
-};
 
 }  // namespace
 
@@ -99,28 +92,8 @@ struct KvLayer::State {
     if (q == nullptr || out == nullptr) refuse(op, "q and out must not be null");
   }
 
-  /// SPEC §6 append planning for n rows at len; refuses what the reference refuses.
   Placement place(std::int64_t n, const char* op) const {
-    if (n < 1) refuse(op, "n ", n, " must be at least 1");
-    if (len + n > g.max_ctx) refuse(op, "len ", len, " + n ", n, " exceeds max_ctx ", g.max_ctx);
-    const std::int64_t used = len - base;
-    if (!g.is_ring() || used + n <= rows) return Placement{false, base, 0, used};
-    // Keep what a window plus a rewind may still need: logical rows from
-    // align_down(len − (window − 1) − rewind_slack), never below the current base.
-    const std::int64_t oldest_needed = len - (*g.window - 1) - g.rewind_slack;
-    const std::int64_t retain =
-        std::max(base, align_down(std::max<std::int64_t>(0, oldest_needed)));
-    const std::int64_t keep = len - retain;
-    if (keep + n > rows)
-      refuse(op, "ring cannot fit n ", n, " rows: ", keep,
-             " rows must stay resident (from logical row ", retain, ") and ", keep, " + ", n,
-             " exceeds rows ", rows);
-    return Placement{true, retain, keep, keep};
-  }
-
-  /// The lowest logical row a rewind to p needs resident on a ring.
-  std::int64_t rewind_floor(std::int64_t p) const {
-    return align_down(std::max<std::int64_t>(0, p - (*g.window - 1)));
+    return detail::place_rows(g, len, base, n, op);
   }
 
   // ---- device work ----
@@ -273,18 +246,12 @@ void KvLayer::append(const RowsView& rows) {
 }
 
 bool KvLayer::can_rewind_to(std::int64_t p) const {
-  const State& s = *s_;
-  if (p < 0 || p > s.len) return false;
-  return !s.g.is_ring() || s.rewind_floor(p) >= s.base;
+  return detail::rewind_allowed(s_->g, s_->len, s_->base, p);
 }
 
 void KvLayer::rewind(std::int64_t new_len) {
   State& s = *s_;
-  if (new_len < 0 || new_len > s.len)
-    refuse("rewind", "new_len ", new_len, " is outside [0, len ", s.len, "]");
-  if (!can_rewind_to(new_len))
-    refuse("rewind", "new_len ", new_len, " needs logical row ", s.rewind_floor(new_len),
-           " resident, below base ", s.base, " (the ring already dropped it)");
+  detail::check_rewind(s.g, s.len, s.base, new_len);
   s.set_counters(new_len, -1);
   s.len = new_len;
 }
@@ -332,9 +299,7 @@ void KvLayer::inc_seqlen() {
 
 void KvLayer::account_steps(std::int64_t k) {
   State& s = *s_;
-  if (k < 0 || s.len + k > s.g.max_ctx)
-    refuse("account_steps", "len ", s.len, " + k ", k, " is outside [len, max_ctx ", s.g.max_ctx,
-           "]");
+  detail::check_account_steps(s.g, s.len, s.base, k);
   s.len += k;
 }
 

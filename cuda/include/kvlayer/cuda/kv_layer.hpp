@@ -104,8 +104,9 @@ class KvLayer {
   void append_dcw(const RowsView& one_row);
   /// len_d += 1 on the device (saturating at INT32_MAX).
   void inc_seqlen();
-  /// Host accounting after k replayed device-counter steps: len += k. Refused when k < 0 or
-  /// len + k > max_ctx. Not capturable (host state only; enqueues nothing).
+  /// Host accounting after k replayed device-counter steps: len += k. Refused when k < 0,
+  /// len + k > max_ctx, or len + k − base > rows (more steps than reserve() made room for).
+  /// Not capturable (host state only; enqueues nothing).
   void account_steps(std::int64_t k);
 
   // ---- Decode (SPEC §8): q f32 [n_q_heads, head_dim], out f32 [n_q_heads, head_dim] ---------
