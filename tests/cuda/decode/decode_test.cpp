@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "decode/partition.hpp"
+#include "decode_model.hpp"
 #include "decode_testbed.hpp"
 #include "gpu_test_support.hpp"
 #include "kvlayer/error.hpp"
@@ -44,12 +46,15 @@ ref::DecodeView reference_view(const ref::KvLayer& layer) {
 }
 
 /// Runs host mode and device mode on the layer's current state and checks both against the
-/// reference; device mode must also be bit-identical to host mode (same partition).
+/// reference (`want`, computed here when not given); device mode must also be bit-identical
+/// to host mode (same partition).
 void check_both_modes(DecodeBed& bed, const ref::KvLayer& layer, std::span<const float> q,
-                      float scale, const std::string& what, bool expect_nonzero = true) {
+                      float scale, const std::string& what,
+                      const std::vector<double>* given = nullptr) {
   const int nq = bed.n_q_heads();
-  const std::vector<double> want = layer.decode(q, nq, scale);
+  const std::vector<double> want = given != nullptr ? *given : layer.decode(q, nq, scale);
   const ref::DecodeView view = reference_view(layer);
+  const bool expect_nonzero = true;
 
   std::vector<float> host, dev;
   ASSERT_EQ(bed.run(bed.host_args(layer.len(), layer.base(), scale), host), cudaSuccess) << what;
@@ -151,12 +156,13 @@ TEST_P(DecodeSweep, FlatLengthsAgainstReference) {
     bed.upload_query(q);
     for (const std::int64_t n : lengths) {  // descending: rewind only shortens
       layer.rewind(n);
+      const std::vector<double> want = layer.decode(q, kKv * gqa, scale);
       for (const auto& p : plans) {
         bed.set_plan(p);
         const std::string what = "D " + std::to_string(head_dim) + " gqa " + std::to_string(gqa) +
                                  " len " + std::to_string(n) + " splits " +
                                  std::to_string(p.n_splits);
-        check_both_modes(bed, layer, q, scale, what);
+        check_both_modes(bed, layer, q, scale, what, &want);
         if (HasFailure()) return;
       }
     }
@@ -187,6 +193,36 @@ TEST_P(DecodeSweep, FlatWindowedViews) {
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeSweep, ::testing::Values(64, 128, 256),
                          [](const auto& info) { return "D" + std::to_string(info.param); });
+
+/// No GPU needed: the host model over lengths and plans stays within the contract.
+TEST_P(DecodeSweep, ModelLengthsWithinContract) {
+  const int head_dim = GetParam();
+  constexpr int kKv = 2;
+  constexpr std::int64_t kMaxCtx = 2100;
+  const Geometry g = flat_geometry(kKv, head_dim, kMaxCtx);
+  Rng rng(0x0DE100u + head_dim);
+  ref::KvLayer layer(g);
+  append_rows(layer, random_rows(rng, kMaxCtx, g.kv_dim_k()),
+              random_rows(rng, kMaxCtx, g.kv_dim_v()));
+  const float scale = ref::default_scale(head_dim);
+  for (const int gqa : {1, 16}) {
+    ref::KvLayer l = layer;
+    const std::vector<float> q = random_query(rng, kKv * gqa, head_dim, 2.0f);
+    for (const std::int64_t n :
+         {std::int64_t(2100), std::int64_t(1025), std::int64_t(33), std::int64_t(1)}) {
+      l.rewind(n);
+      const std::vector<double> want = l.decode(q, kKv * gqa, scale);
+      for (const int sms : {132, 4, 1}) {
+        const auto plan = plan_decode(kKv, head_dim, gqa, kMaxCtx, sms);
+        const ref::DecodeView view = reference_view(l);
+        expect_within_contract(model_decode(l, q, gqa, scale, view, plan), want, l, q, kKv * gqa,
+                               scale, view, plan,
+                               "model gqa " + std::to_string(gqa) + " len " + std::to_string(n) +
+                                   " splits " + std::to_string(plan.n_splits));
+      }
+    }
+  }
+}
 
 // ---- Ring layers: base advances, views start at physical offsets > 0 --------------------------
 
@@ -251,22 +287,27 @@ std::string name_of(Scores s) {
   return "?";
 }
 
-class DecodeAdversarial : public ::testing::TestWithParam<std::tuple<int, Scores>> {};
+/// A flat layer of 3000 keys, 2 KV heads × gqa 8, whose scores follow `kind`.
+struct Scenario {
+  Geometry g;
+  int gqa;
+  ref::KvLayer layer;
+  std::vector<float> q;
+  float scale;
+};
 
-TEST_P(DecodeAdversarial, WithinContract) {
-  KVLAYER_REQUIRE_GPU();
-  const auto [head_dim, kind] = GetParam();
+Scenario adversarial(int head_dim, Scores kind) {
   constexpr int kKv = 2, kGqa = 8;
   constexpr std::int64_t kKeys = 3000;
   const Geometry g = flat_geometry(kKv, head_dim, kKeys);
   Rng rng(0xAD0000u + head_dim * 16 + int(kind));
   const float amplitude = kind == Scores::large_range ? 24.0f : 1.0f;
-  const std::vector<float> q = random_query(rng, kKv * kGqa, head_dim, amplitude);
+  std::vector<float> q = random_query(rng, kKv * kGqa, head_dim, amplitude);
   std::vector<float> k =
       random_rows(rng, kKeys, g.kv_dim_k(), kind == Scores::large_range ? -2 : -3,
                   kind == Scores::large_range ? 3 : 1);
   const std::vector<float> v = random_rows(rng, kKeys, g.kv_dim_v());
-  // K of key t, KV head h, element d, built from the first query head of h's group.
+  // K of key t, KV head h, from the first query head of h's group: score ≈ factor·√D/3.
   const auto along_q = [&](std::int64_t t, int h, float factor) {
     for (int d = 0; d < head_dim; ++d)
       k[std::size_t(t * g.kv_dim_k() + h * head_dim + d)] =
@@ -280,30 +321,55 @@ TEST_P(DecodeAdversarial, WithinContract) {
         along_q(1234, h, 6.0f);
         break;
       case Scores::tiny_p:
-        // Keys near 0, one key ~+25 above: every other p is ~e^-25, inside or below fp16's
-        // subnormal range.
+        // Keys near 0, one key ≈ +25 above: every other p is ≈ e^-25, below fp16's subnormals.
         for (std::int64_t t = 0; t < kKeys; ++t)
           for (int d = 0; d < head_dim; ++d)
             k[std::size_t(t * g.kv_dim_k() + h * head_dim + d)] *= 0.01f;
-        along_q(2999, h, 25.0f * std::sqrt(float(head_dim)) / float(head_dim) * 3.0f);
+        along_q(2999, h, 75.0f / std::sqrt(float(head_dim)));
         break;
       case Scores::increasing:
         // Scores rise with t: the running max moves in every tile of every split.
-        for (std::int64_t t = 0; t < kKeys; ++t) along_q(t, h, 0.2f * float(t + 1) / float(kKeys));
+        for (std::int64_t t = 0; t < kKeys; ++t) along_q(t, h, 3.0f * float(t + 1) / float(kKeys));
         break;
       case Scores::equal_keys:
         for (std::int64_t t = 0; t < kKeys; ++t) along_q(t, h, 0.5f);
         break;
     }
   }
-  ref::KvLayer layer(g);
-  append_rows(layer, k, v);
-  const float scale = ref::default_scale(head_dim);
+  Scenario sc{g, kGqa, ref::KvLayer(g), std::move(q), ref::default_scale(head_dim)};
+  append_rows(sc.layer, k, v);
+  return sc;
+}
+
+class DecodeAdversarial : public ::testing::TestWithParam<std::tuple<int, Scores>> {};
+
+TEST_P(DecodeAdversarial, WithinContract) {
+  KVLAYER_REQUIRE_GPU();
+  const auto [head_dim, kind] = GetParam();
+  const Scenario sc = adversarial(head_dim, kind);
   for (const int sms : {device_sm_count(), 1}) {
-    DecodeBed bed(g, kGqa, plan_decode(kKv, head_dim, kGqa, kKeys, sms));
-    bed.upload_planes(layer);
-    bed.upload_query(q);
-    check_both_modes(bed, layer, q, scale, name_of(kind) + " sms " + std::to_string(sms));
+    DecodeBed bed(sc.g, sc.gqa, plan_decode(sc.g.n_kv_heads, head_dim, sc.gqa, sc.g.max_ctx, sms));
+    bed.upload_planes(sc.layer);
+    bed.upload_query(sc.q);
+    check_both_modes(bed, sc.layer, sc.q, sc.scale, name_of(kind) + " sms " + std::to_string(sms));
+  }
+}
+
+/// No GPU needed: the host model of the kernel's rounding points stays within the contract.
+TEST_P(DecodeAdversarial, ModelWithinContract) {
+  const auto [head_dim, kind] = GetParam();
+  const Scenario sc = adversarial(head_dim, kind);
+  const int nq = sc.g.n_kv_heads * sc.gqa;
+  const std::vector<double> want = sc.layer.decode(sc.q, nq, sc.scale);
+  for (const int sms : {132, 1}) {
+    const auto plan = plan_decode(sc.g.n_kv_heads, head_dim, sc.gqa, sc.g.max_ctx, sms);
+    const ref::DecodeView view = reference_view(sc.layer);
+    const double worst = expect_within_contract(
+        model_decode(sc.layer, sc.q, sc.gqa, sc.scale, view, plan), want, sc.layer, sc.q, nq,
+        sc.scale, view, plan, "model " + name_of(kind) + " sms " + std::to_string(sms));
+    RecordProperty("worst_err_over_bound_sms" + std::to_string(sms), std::to_string(worst));
+    std::printf("model D%d %s splits %d: worst |err|/bound %.3g\n", head_dim, name_of(kind).c_str(),
+                plan.n_splits, worst);
   }
 }
 

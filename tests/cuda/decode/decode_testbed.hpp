@@ -116,16 +116,16 @@ inline int device_sm_count() {
 inline constexpr unsigned char kPoisonByte = 0xFF;
 
 /// Device-side state of one decode: planes, counters, q, out, scratch, status.
-/// NOTE: the planes are allocated once at the layer's full size (rounded up to 16 bytes, as
-/// SPEC §1 allows tail bytes) and re-uploaded by upload_planes() after the reference changes.
+/// NOTE: the planes are allocated once at exactly the layer's size (the kernel reads no tail
+/// bytes, so a sanitizer run sees exact bounds) and re-uploaded by upload_planes().
 class DecodeBed {
  public:
   DecodeBed(const Geometry& g, int gqa, const DecodePlan& plan)
       : geometry_(g),
         gqa_(gqa),
         plan_(plan),
-        k_(round16(std::size_t(g.rows() * g.k_tok_bytes()))),
-        v_(round16(std::size_t(g.rows() * g.v_tok_bytes()))),
+        k_(std::size_t(g.rows() * g.k_tok_bytes())),
+        v_(std::size_t(g.rows() * g.v_tok_bytes())),
         q_(std::size_t(n_q_heads()) * g.head_dim_k * sizeof(float)),
         out_(std::size_t(n_q_heads()) * g.head_dim_v * sizeof(float)),
         scratch_(plan.scratch_bytes),
@@ -210,8 +210,6 @@ class DecodeBed {
   std::int32_t* len_d_ptr() const { return len_d_.get<std::int32_t>(); }
 
  private:
-  static std::size_t round16(std::size_t n) { return (n + 15) / 16 * 16; }
-
   DecodeArgs common_args(float scale) const {
     DecodeArgs a;
     a.k_plane = k_.get<std::uint8_t>();
