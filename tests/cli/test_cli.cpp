@@ -1,0 +1,438 @@
+// The `kvlayer` CLI, run as a process: quantize/dequantize round trips whose bytes equal the
+// reference quantizer's, every error case with its exact message and exit status, and selfcheck
+// passing on the committed golden data and failing on a corrupted copy.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kvlayer/golden/golden.hpp"
+#include "kvlayer/golden/npy.hpp"
+#include "kvlayer/golden/sha256.hpp"
+#include "kvlayer/half.hpp"
+#include "kvlayer/reference/quantize.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using kvlayer::ref::BlockType;
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() / ("kvlayer_cli_" + std::to_string(::getpid()) + "_" +
+                                        info->test_suite_name() + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  fs::path path(const std::string& name) const { return dir_ / name; }
+
+  /// Runs kvlayer with `args` (each single-quoted), capturing stdout, stderr and the exit status.
+  Result run(const std::vector<std::string>& args) const {
+    std::string cmd = std::string("'") + KVLAYER_CLI + "'";
+    for (const auto& a : args) cmd += " '" + a + "'";
+    cmd += " >'" + path("stdout").string() + "' 2>'" + path("stderr").string() + "'";
+    const int raw = std::system(cmd.c_str());
+    Result r;
+    r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+    r.out = slurp(path("stdout"));
+    r.err = slurp(path("stderr"));
+    return r;
+  }
+
+  void write_raw(const std::string& name, const std::vector<float>& v) const {
+    kvlayer::golden::write_file(
+        path(name), std::span(reinterpret_cast<const std::uint8_t*>(v.data()), v.size() * 4));
+  }
+  std::vector<std::uint8_t> read(const std::string& name) const {
+    return kvlayer::golden::read_file(path(name));
+  }
+
+  fs::path dir_;
+};
+
+/// Seeded values with a spread of magnitudes and signs (never all zero).
+std::vector<float> values(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> exp(-6, 6);
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = std::ldexp(normal(rng), i % 32 == 0 ? exp(rng) : 0);
+  return v;
+}
+
+std::vector<std::uint8_t> ref_quantize(BlockType t, const std::vector<float>& x) {
+  std::vector<std::uint8_t> out(x.size() / 32 * std::size_t(kvlayer::ref::block_bytes(t)));
+  kvlayer::ref::quantize_row(t, x, out);
+  return out;
+}
+
+/// A version-1 .npy with the given header dict and payload.
+std::vector<std::uint8_t> npy(const std::string& dict, const std::vector<std::uint8_t>& payload) {
+  std::string header = dict;
+  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+  header += '\n';
+  // Built with reserve + push_back: GCC 12 reports a false -Warray-bounds for range inserts here.
+  std::vector<std::uint8_t> out;
+  out.reserve(10 + header.size() + payload.size());
+  for (int b : {0x93, int('N'), int('U'), int('M'), int('P'), int('Y'), 1, 0})
+    out.push_back(std::uint8_t(b));
+  out.push_back(std::uint8_t(header.size()));
+  out.push_back(0);
+  for (char c : header) out.push_back(std::uint8_t(c));
+  for (std::uint8_t b : payload) out.push_back(b);
+  return out;
+}
+
+std::vector<std::uint8_t> f32_bytes(const std::vector<float>& v) {
+  std::vector<std::uint8_t> b(v.size() * 4);
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+constexpr const char* kQuantizeUsage =
+    "(usage: kvlayer quantize --type q8_0|q5_1 --input IN --output OUT)";
+
+// ---- help and dispatch ------------------------------------------------------------------------
+
+TEST_F(Cli, TopLevelHelpListsEveryCommand) {
+  const Result r = run({"--help"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.err, "");
+  for (const char* c : {"quantize", "dequantize", "selfcheck"})
+    EXPECT_NE(r.out.find(std::string("\n  ") + c + " "), std::string::npos) << c;
+  EXPECT_NE(r.out.find("usage: kvlayer <command> [options]"), std::string::npos);
+}
+
+TEST_F(Cli, NoArgumentsPrintsUsageToStderrAndExits2) {
+  const Result r = run({});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("usage: kvlayer <command> [options]"), std::string::npos);
+}
+
+TEST_F(Cli, UnknownCommand) {
+  const Result r = run({"frobnicate"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err,
+            "kvlayer: unknown command 'frobnicate' (commands: quantize, dequantize, selfcheck; "
+            "see kvlayer --help)\n");
+}
+
+TEST_F(Cli, PerCommandHelp) {
+  for (const char* c : {"quantize", "dequantize", "selfcheck"}) {
+    const Result r = run({c, "--help"});
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_EQ(r.out.rfind(std::string("usage: kvlayer ") + c, 0), 0u) << r.out;
+    EXPECT_NE(r.out.find("Exit status"), std::string::npos) << c;
+  }
+}
+
+// ---- quantize / dequantize round trips ---------------------------------------------------------
+
+TEST_F(Cli, RawRoundTripMatchesTheReferenceBytes) {
+  const std::vector<float> x = values(32 * 40, 7);
+  write_raw("in.f32", x);
+  for (BlockType t : {BlockType::q8_0, BlockType::q5_1}) {
+    const std::string name = t == BlockType::q8_0 ? "q8_0" : "q5_1";
+    Result r = run({"quantize", "--type", name, "--input", path("in.f32").string(), "--output",
+                    path("out." + name).string()});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.err, "");
+    EXPECT_EQ(r.out, "");
+    const auto bytes = read("out." + name);
+    EXPECT_EQ(bytes, ref_quantize(t, x)) << name;
+
+    r = run({"dequantize", "--type=" + name, "--input=" + path("out." + name).string(),
+             "--output=" + path("back." + name).string()});
+    ASSERT_EQ(r.status, 0) << r.err;
+    const auto back = read("back." + name);
+    ASSERT_EQ(back.size(), x.size() * 4);
+    std::vector<float> want(x.size()), got(x.size());
+    kvlayer::ref::dequantize_row(t, bytes, want);
+    std::memcpy(got.data(), back.data(), back.size());
+    EXPECT_EQ(got, want) << name;
+    // And it is a round trip: every value within one quantization step of its input (plus the
+    // fp16 rounding of the scale).
+    for (std::size_t b = 0; b < x.size() / 32; ++b) {
+      float lo = x[b * 32], hi = x[b * 32], amax = 0;
+      for (int j = 0; j < 32; ++j) {
+        lo = std::min(lo, x[b * 32 + j]);
+        hi = std::max(hi, x[b * 32 + j]);
+        amax = std::max(amax, std::fabs(x[b * 32 + j]));
+      }
+      const float step = t == BlockType::q8_0 ? amax / 127 : (hi - lo) / 31;
+      for (int j = 0; j < 32; ++j)
+        ASSERT_LE(std::fabs(got[b * 32 + j] - x[b * 32 + j]),
+                  step * 0.52f + 2e-3f * std::fabs(x[b * 32 + j]))
+            << name << " block " << b << " lane " << j;
+    }
+  }
+}
+
+TEST_F(Cli, NpyInputsF32AnyShapeAndF16) {
+  const std::vector<float> x = values(32 * 6, 11);
+  kvlayer::golden::write_file(
+      path("a.npy"),
+      npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3, 32), }", f32_bytes(x)));
+  Result r = run({"quantize", "--type", "q5_1", "--input", path("a.npy").string(), "--output",
+                  path("a.q").string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read("a.q"), ref_quantize(BlockType::q5_1, x));
+
+  std::vector<std::uint8_t> half;
+  std::vector<float> widened;
+  for (float v : x) {
+    const std::uint16_t h = kvlayer::f32_to_f16_bits(v);
+    half.push_back(std::uint8_t(h & 0xFF));
+    half.push_back(std::uint8_t(h >> 8));
+    widened.push_back(kvlayer::f16_bits_to_f32(h));
+  }
+  kvlayer::golden::write_file(
+      path("h.npy"), npy("{'descr': '<f2', 'fortran_order': False, 'shape': (192,), }", half));
+  r = run({"quantize", "--type", "q8_0", "--input", path("h.npy").string(), "--output",
+           path("h.q").string()});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(read("h.q"), ref_quantize(BlockType::q8_0, widened));
+  EXPECT_NE(read("h.q"), ref_quantize(BlockType::q8_0, x));  // f16 rounding is visible: not vacuous
+}
+
+TEST_F(Cli, QuantizesTheGoldenInputsToTheGoldenBytes) {
+  const auto dir = kvlayer::golden::default_golden_dir();
+  for (const char* name : {"ties_q8_0", "ties_q5_1", "subnormal", "signed_zero"})
+    for (const char* t : {"q8_0", "q5_1"}) {
+      const Result r = run({"quantize", "--type", t, "--input",
+                            (dir / "quant" / (std::string(name) + ".input.npy")).string(),
+                            "--output", path("g.bin").string()});
+      ASSERT_EQ(r.status, 0) << r.err;
+      EXPECT_EQ(read("g.bin"),
+                kvlayer::golden::read_file(dir / "quant" / (std::string(name) + "." + t + ".bin")))
+          << name << " " << t;
+    }
+}
+
+TEST_F(Cli, BadBlocksWarnButTheOutputIsWritten) {
+  std::vector<float> x = values(32 * 4, 3);
+  x[32 + 5] = NAN;
+  x[96 + 31] = -INFINITY;
+  write_raw("in.f32", x);
+  const Result r = run({"quantize", "--type", "q8_0", "--input", path("in.f32").string(),
+                        "--output", path("out").string()});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_EQ(r.err,
+            "kvlayer quantize: warning: block 1 (values 32..63): value nan cannot be represented; "
+            "wrote the canonical bad block\n"
+            "kvlayer quantize: warning: block 3 (values 96..127): value -inf cannot be "
+            "represented; wrote the canonical bad block\n");
+  const auto out = read("out");
+  EXPECT_EQ(out, ref_quantize(BlockType::q8_0, x));
+  ASSERT_EQ(out.size(), 4u * 34);
+  EXPECT_EQ(out[34], 0x00);  // canonical bad block: d = 0x7E00, quants 0
+  EXPECT_EQ(out[35], 0x7E);
+}
+
+// ---- errors: exact message, exit status ---------------------------------------------------------
+
+struct ErrorCase {
+  std::vector<std::string> args;
+  int status;
+  std::string message;  // the whole of stderr
+};
+
+TEST_F(Cli, UsageErrorsExit2WithOneLine) {
+  write_raw("in.f32", values(64, 1));
+  const std::string in = path("in.f32").string(), out = path("out").string();
+  const std::vector<ErrorCase> cases = {
+      {{"quantize", "--input", in, "--output", out},
+       2,
+       std::string("kvlayer quantize: missing --type ") + kQuantizeUsage + "\n"},
+      {{"quantize", "--type", "q8_0", "--output", out},
+       2,
+       std::string("kvlayer quantize: missing --input ") + kQuantizeUsage + "\n"},
+      {{"quantize", "--type", "q8_0", "--input", in},
+       2,
+       std::string("kvlayer quantize: missing --output ") + kQuantizeUsage + "\n"},
+      {{"quantize", "--type", "q4_0", "--input", in, "--output", out},
+       2,
+       "kvlayer quantize: unknown --type 'q4_0' (supported: q8_0, q5_1)\n"},
+      {{"dequantize", "--type", "Q8_0", "--input", in, "--output", out},
+       2,
+       "kvlayer dequantize: unknown --type 'Q8_0' (supported: q8_0, q5_1)\n"},
+      {{"quantize", "--type", "q8_0", "--input", in, "--output", out, "--bogus", "1"},
+       2,
+       "kvlayer quantize: unknown option '--bogus' (options: --type, --input, --output, --help)\n"},
+      {{"quantize", "--type", "q8_0", "--input", in, "--output"},
+       2,
+       "kvlayer quantize: option --output needs a value\n"},
+      {{"quantize", "--type", "q8_0", "--type", "q5_1", "--input", in, "--output", out},
+       2,
+       "kvlayer quantize: option --type given twice\n"},
+      {{"quantize", in},
+       2,
+       "kvlayer quantize: unexpected argument '" + in + "' (options take the form --name value)\n"},
+      {{"selfcheck", "--golden"}, 2, "kvlayer selfcheck: option --golden needs a value\n"},
+      {{"selfcheck", "--fast"},
+       2,
+       "kvlayer selfcheck: unknown option '--fast' (options: --golden, --verbose, --help)\n"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_EQ(r.status, c.status) << c.message;
+    EXPECT_EQ(r.err, c.message);
+    EXPECT_EQ(r.out, "");
+    EXPECT_FALSE(fs::exists(out)) << "nothing may be written on a usage error";
+  }
+}
+
+TEST_F(Cli, DataAndIoErrorsExit1NamingValueAndLimit) {
+  const std::string out = path("out").string();
+  write_raw("33.f32", values(33, 2));
+  kvlayer::golden::write_file(path("130.f32"), std::vector<std::uint8_t>(130, 1));
+  kvlayer::golden::write_file(path("empty.f32"), {});
+  const std::vector<float> x = values(64, 5);
+  kvlayer::golden::write_file(
+      path("fortran.npy"),
+      npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 32), }", f32_bytes(x)));
+  kvlayer::golden::write_file(path("f64.npy"),
+                              npy("{'descr': '<f8', 'fortran_order': False, 'shape': (32,), }",
+                                  std::vector<std::uint8_t>(256, 0)));
+  auto truncated = f32_bytes(x);
+  truncated.resize(100);
+  kvlayer::golden::write_file(
+      path("trunc.npy"),
+      npy("{'descr': '<f4', 'fortran_order': False, 'shape': (64,), }", truncated));
+  kvlayer::golden::write_file(path("notnpy.npy"), std::vector<std::uint8_t>(64, 'x'));
+  kvlayer::golden::write_file(path("35.q8"), std::vector<std::uint8_t>(35, 0));
+  kvlayer::golden::write_file(path("25.q5"), std::vector<std::uint8_t>(25, 0));
+  kvlayer::golden::write_file(path("empty.q5"), {});
+  write_raw("ok.f32", x);
+
+  auto p = [&](const char* n) { return path(n).string(); };
+  const std::vector<ErrorCase> cases = {
+      {{"quantize", "--type", "q8_0", "--input", p("33.f32"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("33.f32") +
+           ": holds 33 values, not a multiple of the block size 32\n"},
+      {{"quantize", "--type", "q5_1", "--input", p("130.f32"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("130.f32") +
+           ": 130 bytes is not a whole number of float32 values (4 bytes each)\n"},
+      {{"quantize", "--type", "q5_1", "--input", p("empty.f32"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("empty.f32") +
+           ": holds no values (need at least one block of 32)\n"},
+      {{"quantize", "--type", "q8_0", "--input", p("missing.f32"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("missing.f32") + ": cannot read (No such file or directory)\n"},
+      {{"quantize", "--type", "q8_0", "--input", dir_.string(), "--output", out},
+       1,
+       "kvlayer quantize: " + dir_.string() + ": cannot read (is a directory)\n"},
+      {{"quantize", "--type", "q8_0", "--input", p("fortran.npy"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("fortran.npy") +
+           ": fortran_order arrays are not supported (save a C-ordered array)\n"},
+      {{"quantize", "--type", "q8_0", "--input", p("f64.npy"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("f64.npy") +
+           ": npy dtype '<f8' is not supported (supported: '<f4', '<f2')\n"},
+      {{"quantize", "--type", "q8_0", "--input", p("trunc.npy"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("trunc.npy") +
+           ": truncated: the header promises 64 values (256 bytes) but the file holds 100 data "
+           "bytes\n"},
+      {{"quantize", "--type", "q8_0", "--input", p("notnpy.npy"), "--output", out},
+       1,
+       "kvlayer quantize: " + p("notnpy.npy") +
+           ": not an npy file (missing the \\x93NUMPY magic)\n"},
+      {{"quantize", "--type", "q8_0", "--input", p("ok.f32"), "--output", p("no/such/dir/out")},
+       1,
+       "kvlayer quantize: " + p("no/such/dir/out") +
+           ": cannot write (No such file or directory)\n"},
+      {{"dequantize", "--type", "q8_0", "--input", p("35.q8"), "--output", out},
+       1,
+       "kvlayer dequantize: " + p("35.q8") +
+           ": holds 35 bytes, not a multiple of the q8_0 block size 34\n"},
+      {{"dequantize", "--type", "q5_1", "--input", p("25.q5"), "--output", out},
+       1,
+       "kvlayer dequantize: " + p("25.q5") +
+           ": holds 25 bytes, not a multiple of the q5_1 block size 24\n"},
+      {{"dequantize", "--type", "q5_1", "--input", p("empty.q5"), "--output", out},
+       1,
+       "kvlayer dequantize: " + p("empty.q5") + ": holds no blocks\n"},
+      {{"dequantize", "--type", "q5_1", "--input", p("missing.q5"), "--output", out},
+       1,
+       "kvlayer dequantize: " + p("missing.q5") + ": cannot read (No such file or directory)\n"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_EQ(r.status, c.status) << c.message;
+    EXPECT_EQ(r.err, c.message);
+    EXPECT_FALSE(fs::exists(out)) << "nothing may be written on an input error: " << c.message;
+  }
+}
+
+// ---- selfcheck ----------------------------------------------------------------------------------
+
+TEST_F(Cli, SelfcheckPassesOnTheCommittedGoldenData) {
+  const Result r = run({"selfcheck"});
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("result: PASS"), std::string::npos) << r.out;
+  for (const char* row :
+       {"quant   q8_0", "quant   q5_1", "decode  state", "decode  planes", "decode  outputs"})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row;
+  EXPECT_EQ(r.out.find("FAIL"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, SelfcheckFailsOnAMismatchAndOnUnreadableData) {
+  // A consistent but wrong data set: one expected byte flipped, its sha256 updated in the
+  // manifest, so the data loads and the comparison itself must fail.
+  const fs::path data = path("data");
+  fs::copy(kvlayer::golden::default_golden_dir(), data, fs::copy_options::recursive);
+  const fs::path victim = data / "decode" / "ring_hd64_gqa1.vplane.bin";
+  auto bytes = kvlayer::golden::read_file(victim);
+  const std::string old_hash = kvlayer::golden::sha256_hex(bytes);
+  bytes[100] ^= 0x04;
+  kvlayer::golden::write_file(victim, bytes);
+  std::string manifest = slurp(data / "manifest.json");
+  const auto at = manifest.find(old_hash);
+  ASSERT_NE(at, std::string::npos);
+  manifest.replace(at, old_hash.size(), kvlayer::golden::sha256_hex(bytes));
+  std::ofstream(data / "manifest.json", std::ios::trunc) << manifest;
+
+  Result r = run({"selfcheck", "--golden", data.string()});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("result: FAIL"), std::string::npos) << r.out;
+  EXPECT_NE(
+      r.out.find("ring_hd64_gqa1: V plane: 1 bytes differ, first at byte 100 (physical row 1)"),
+      std::string::npos)
+      << r.out;
+
+  r = run({"selfcheck", "--golden", path("nowhere").string()});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err, "kvlayer selfcheck: " + (path("nowhere") / "manifest.json").string() +
+                       ": cannot read (No such file or directory)\n");
+}
+
+}  // namespace
