@@ -211,6 +211,12 @@ TEST(CudaRefusals, RefusedRequestsLeaveTheStateUntouched) {
     expect_refused(
         gpu, ref, [&] { gpu.account_steps(g.max_ctx - len + 1); },
         [&] { ref.account_steps(g.max_ctx - len + 1); }, "account_steps past max_ctx");
+    if (g.is_ring()) {
+      const std::int64_t beyond = g.rows() - (len - ref.base()) + 1;  // more than any reserve()
+      expect_refused(
+          gpu, ref, [&] { gpu.account_steps(beyond); }, [&] { ref.account_steps(beyond); },
+          "account_steps beyond the plane");
+    }
     // decode: the host checks come before any launch
     DeviceFloats q(std::size_t(4 * g.head_dim_k)), out(std::size_t(4 * g.head_dim_v));
     const std::vector<float> hq(q.count, 0.25f);
