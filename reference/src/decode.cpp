@@ -171,7 +171,9 @@ std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float
           (8 * u32 * (1.0 + (rounded.top - rounded.scores.array()).abs())).matrix();
       const double spread = std::expm1(2 * delta.maxCoeff());
       const Eigen::VectorXd& p = rounded.p;
-      const double accumulation = double(shape.max_keys_per_split + shape.n_splits + 8) * u32;
+      const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
+      const double accumulation =
+          (double(shape.max_keys_per_split + shape.n_splits + 8) + 4 * rescales) * u32;
       const Eigen::VectorXd o_exact = c.v.transpose() * exact.p;
       const Eigen::VectorXd o_rounded = c.v.transpose() * p;
       const Eigen::VectorXd term_v = abs_v.transpose() * p;

@@ -21,8 +21,10 @@
 //    p/p̃ ∈ [e^{−2Δ}, e^{2Δ}] with Δ = max_t δ_t: contributes (e^{2Δ} − 1)·Σ_t p̃_t·|V_te|.
 //  - fp16 rounding of p and of V: (2·u16 + u16²)·Σ_t p̃_t·|V_te|, plus 2^-25 for a V below
 //    fp16's normal range (absolute error there).
-//  - f32 accumulation of PV and of the sums over ≤ L sequential terms and S merged partials:
-//    (L + S + 8)·u32·Σ_t p̃_t·2·B_te, with B_te the largest |value| of the V block holding e.
+//  - f32 accumulation of PV and of the sums over ≤ L sequential terms, R online-softmax
+//    rescales (each an exp and a multiply, ≤ 4·u32) and S merged partials:
+//    (L + 4·R + S + 8)·u32·Σ_t p̃_t·2·B_te, with B_te the largest |value| of the V block
+//    holding e.
 //  - fp16 underflow of small p (absolute 2^-25 each, relative to a running max ≤ 1):
 //    2^-25·Σ_t 2·B_te / Σ_t e^{s̃_t − max s̃}.
 //  The bound is the sum of these terms. A NaN in the reference (a canonical bad block was
@@ -43,6 +45,9 @@ namespace kvlayer::ref {
 struct AccumulationShape {
   std::int64_t max_keys_per_split = 1;
   std::int64_t n_splits = 1;
+  /// Online-softmax rescales of one accumulator (one per key tile): ceil(L / tile). The
+  /// default, one per key, is the worst case for a kernel that does not say.
+  std::int64_t rescales = -1;
 };
 
 /// A decode view: logical keys [begin, end) at physical rows begin − base …

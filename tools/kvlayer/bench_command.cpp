@@ -1,0 +1,315 @@
+// kvlayer bench: decode, append and graph-step timings on the GPU, in ONE run with the
+// streaming-read ceiling they are compared against (CUDA events, warm-up, medians, cold L2).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "cuda_raii.hpp"
+#include "kvlayer/cuda/kv_layer.hpp"
+#include "kvlayer/error.hpp"
+#include "stream_read.hpp"
+
+namespace kvlayer::cli {
+namespace {
+
+using cuda::detail::DeviceBuffer;
+using cuda::detail::Event;
+using cuda::detail::Stream;
+
+constexpr std::string_view kUsage =
+    "usage: kvlayer bench [--json FILE] [--reps N] [--quick]\n"
+    "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
+    "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
+    "  window; append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
+    "  the same step launched eagerly. Reports medians (CUDA events) in µs, bytes moved, GB/s\n"
+    "  and %% of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
+    "  --json FILE   also write the results as JSON (for tools/bench-peers)\n"
+    "  --reps N      timed repetitions per measurement (default 50)\n"
+    "  --quick       one geometry, fewer lengths (a smoke run)\n";
+
+struct Row {
+  std::string name, shape;
+  int n_kv_heads = 0, head_dim = 0, gqa = 0;
+  std::int64_t keys = 0, window = 0;
+  double us = 0;
+  double bytes = 0;
+};
+
+/// Median of `reps` timed calls of f(i) after `warmup` untimed ones, each bracketed by events.
+double median_us(cudaStream_t s, int warmup, int reps, const std::function<void(int)>& f) {
+  for (int i = 0; i < warmup; ++i) f(i);
+  Event a(true), b(true);
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    KVLAYER_CUDA_TRY(cudaEventRecord(a.get(), s));
+    f(warmup + i);
+    KVLAYER_CUDA_TRY(cudaEventRecord(b.get(), s));
+    KVLAYER_CUDA_TRY(cudaEventSynchronize(b.get()));
+    float t = 0;
+    KVLAYER_CUDA_TRY(cudaEventElapsedTime(&t, a.get(), b.get()));
+    ms.push_back(t);
+  }
+  std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
+  return 1000.0 * double(ms[ms.size() / 2]);
+}
+
+struct Bench {
+  Stream stream;
+  int reps = 50;
+  std::size_t l2_bytes = 0;
+  int sms = 0;
+  double ceiling_gbs = 0;
+  std::vector<Row> rows;
+
+  Bench() {
+    int dev = 0;
+    KVLAYER_CUDA_TRY(cudaGetDevice(&dev));
+    cudaDeviceProp p{};
+    KVLAYER_CUDA_TRY(cudaGetDeviceProperties(&p, dev));
+    l2_bytes = std::size_t(p.l2CacheSize);
+    sms = p.multiProcessorCount;
+  }
+  cudaStream_t s() const { return stream.get(); }
+
+  void ceiling() {
+    const std::size_t bytes = std::size_t(2) << 30;  // 2 GiB: 35× the L2
+    DeviceBuffer data(bytes), sink(std::size_t(sms) * 8 * sizeof(unsigned));
+    KVLAYER_CUDA_TRY(launch_fill_random(data.as<float>(), bytes / 4, 7, s()));
+    const double us = median_us(s(), 3, reps, [&](int) {
+      KVLAYER_CUDA_TRY(launch_stream_read(data.get(), bytes, sink.as<unsigned>(), sms * 8, s()));
+    });
+    ceiling_gbs = double(bytes) / us / 1e3;
+    rows.push_back(Row{"stream_read", "2 GiB", 0, 0, 0, 0, 0, us, double(bytes)});
+  }
+
+  /// Layers filled with random rows, enough copies that their planes exceed 4× the L2.
+  std::vector<std::unique_ptr<cuda::KvLayer>> make_layers(const Geometry& g, int nq,
+                                                          std::int64_t fill) {
+    const double layer_bytes = double(g.rows()) * double(g.k_tok_bytes() + g.v_tok_bytes());
+    const int copies = int(std::clamp(std::ceil(4.0 * double(l2_bytes) / layer_bytes), 2.0, 48.0));
+    const std::int64_t chunk = 4096;
+    DeviceBuffer k(std::size_t(chunk * g.kv_dim_k()) * 4), v(std::size_t(chunk * g.kv_dim_v()) * 4);
+    std::vector<std::unique_ptr<cuda::KvLayer>> layers;
+    for (int c = 0; c < copies; ++c) {
+      layers.push_back(std::make_unique<cuda::KvLayer>(g, nq, s()));
+      for (std::int64_t done = 0; done < fill; done += chunk) {
+        const std::int64_t n = std::min(chunk, fill - done);
+        KVLAYER_CUDA_TRY(launch_fill_random(k.as<float>(), std::size_t(n * g.kv_dim_k()),
+                                            1000 + c * 7919 + done, s()));
+        KVLAYER_CUDA_TRY(launch_fill_random(v.as<float>(), std::size_t(n * g.kv_dim_v()),
+                                            2000 + c * 7919 + done, s()));
+        layers.back()->append(cuda::RowsView{k.get(), v.get(), n, DType::f32});
+      }
+    }
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
+    return layers;
+  }
+
+  void decode(int n_kv, int hd, int gqa, std::int64_t keys, std::int64_t window) {
+    Geometry g;
+    g.n_kv_heads = n_kv;
+    g.head_dim_k = g.head_dim_v = hd;
+    g.max_ctx = keys;
+    if (window) g.window = window;
+    const int nq = n_kv * gqa;
+    auto layers = make_layers(g, nq, keys);
+    DeviceBuffer q(std::size_t(nq * hd) * 4), out(std::size_t(nq * hd) * 4);
+    KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), std::size_t(nq * hd), 99, s()));
+    const std::int64_t view = window ? std::min(window, keys) : keys;
+    const double bytes = double(view) * n_kv * (hd / 32) * (34 + 24) + 2.0 * nq * hd * 4;
+    const auto at = [&](int i) -> cuda::KvLayer& {
+      return *layers[std::size_t(i) % layers.size()];
+    };
+    auto record = [&](const char* name, double us) {
+      rows.push_back(Row{name, "", n_kv, hd, gqa, keys, window, us, bytes});
+    };
+    record("decode",
+           median_us(s(), 5, reps, [&](int i) { at(i).decode(q.as<float>(), out.as<float>()); }));
+    if (window)
+      record("decode_dcw", median_us(s(), 5, reps, [&](int i) {
+               at(i).decode_dcw(q.as<float>(), out.as<float>());
+             }));
+    else
+      record("decode_dc", median_us(s(), 5, reps, [&](int i) {
+               at(i).decode_dc(q.as<float>(), out.as<float>());
+             }));
+  }
+
+  void append(std::int64_t n) {
+    Geometry g;
+    g.n_kv_heads = 8;
+    g.head_dim_k = g.head_dim_v = 128;
+    g.max_ctx = 8192;
+    const int copies = n == 1 ? 2 : 8;  // 8 × 4096 rows × 8 KiB f32 in: 256 MiB, > 4× L2
+    std::vector<std::unique_ptr<cuda::KvLayer>> layers;
+    std::vector<DeviceBuffer> ks, vs;
+    for (int c = 0; c < copies; ++c) {
+      layers.push_back(std::make_unique<cuda::KvLayer>(g, 8, s()));
+      ks.emplace_back(std::size_t(n * g.kv_dim_k()) * 4);
+      vs.emplace_back(std::size_t(n * g.kv_dim_v()) * 4);
+      KVLAYER_CUDA_TRY(
+          launch_fill_random(ks.back().as<float>(), std::size_t(n * g.kv_dim_k()), 31 + c, s()));
+      KVLAYER_CUDA_TRY(
+          launch_fill_random(vs.back().as<float>(), std::size_t(n * g.kv_dim_v()), 57 + c, s()));
+    }
+    const double bytes = double(n) * double(g.kv_dim_k() + g.kv_dim_v()) * 4 +
+                         double(n) * double(g.k_tok_bytes() + g.v_tok_bytes());
+    // Host-side rewinds between timed appends keep every append at the same rows.
+    Event a(true), b(true);
+    std::vector<float> ms;
+    for (int i = 0; i < reps + 5; ++i) {
+      const std::size_t c = std::size_t(i) % layers.size();
+      layers[c]->rewind(0);
+      KVLAYER_CUDA_TRY(cudaEventRecord(a.get(), s()));
+      layers[c]->append(cuda::RowsView{ks[c].get(), vs[c].get(), n, DType::f32});
+      KVLAYER_CUDA_TRY(cudaEventRecord(b.get(), s()));
+      KVLAYER_CUDA_TRY(cudaEventSynchronize(b.get()));
+      float t = 0;
+      KVLAYER_CUDA_TRY(cudaEventElapsedTime(&t, a.get(), b.get()));
+      if (i >= 5) ms.push_back(t);
+    }
+    std::nth_element(ms.begin(), ms.begin() + std::ptrdiff_t(ms.size() / 2), ms.end());
+    rows.push_back(Row{n == 1 ? "append_1" : "append_chunk", std::to_string(n) + " rows 8x128 f32",
+                       8, 128, 0, n, 0, 1000.0 * ms[ms.size() / 2], bytes});
+  }
+
+  /// One decode step (append_dc → inc_seqlen → decode_dc) at 16K keys: replayed from a graph
+  /// against launched eagerly; per-step time from 64-step loops.
+  void graph_step() {
+    Geometry g;
+    g.n_kv_heads = 8;
+    g.head_dim_k = g.head_dim_v = 128;
+    g.max_ctx = 16384 + 64;
+    const std::int64_t len0 = 16384;
+    auto layers = make_layers(g, 64, len0);
+    cuda::KvLayer& L = *layers.front();
+    DeviceBuffer k(std::size_t(g.kv_dim_k()) * 4), v(std::size_t(g.kv_dim_v()) * 4),
+        q(64 * 128 * 4), out(64 * 128 * 4);
+    KVLAYER_CUDA_TRY(launch_fill_random(k.as<float>(), std::size_t(g.kv_dim_k()), 5, s()));
+    KVLAYER_CUDA_TRY(launch_fill_random(v.as<float>(), std::size_t(g.kv_dim_v()), 6, s()));
+    KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), 64 * 128, 8, s()));
+    const cuda::RowsView row{k.get(), v.get(), 1, DType::f32};
+    auto step = [&] {
+      L.append_dc(row);
+      L.inc_seqlen();
+      L.decode_dc(q.as<float>(), out.as<float>());
+    };
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
+    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal));
+    step();
+    auto graph = cuda::detail::Graph::end_capture(s());
+    constexpr int kSteps = 64;
+    auto loop = [&](bool replay) {
+      return median_us(
+                 s(), 2, std::max(5, reps / 5),
+                 [&](int) {
+                   L.rewind(len0);  // host-side; the loop then advances len_d on the device only
+                   for (int i = 0; i < kSteps; ++i) replay ? graph.launch(s()) : step();
+                 }) /
+             kSteps;
+    };
+    const double bytes = double(len0) * 8 * 4 * 58 + 64.0 * 128 * 8;
+    rows.push_back(Row{"step_eager", "append_dc+inc+decode_dc 8x128 gqa8", 8, 128, 8, len0, 0,
+                       loop(false), bytes});
+    rows.push_back(Row{"step_graph", "append_dc+inc+decode_dc 8x128 gqa8", 8, 128, 8, len0, 0,
+                       loop(true), bytes});
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
+  }
+};
+
+int run_bench(const std::vector<std::string>& args) {
+  const Options o(args, {"json", "reps"}, {"quick"});
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
+    throw Error(ErrorKind::device, "bench: no CUDA device found (run it on the GPU machine)");
+  Bench b;
+  if (auto r = o.get("reps")) {
+    b.reps = std::atoi(r->c_str());
+    if (b.reps < 5 || b.reps > 100000)
+      throw UsageError("--reps '" + *r + "' must be in [5, 100000]");
+  }
+  const bool quick = o.flag("quick");
+  cudaDeviceProp p{};
+  KVLAYER_CUDA_TRY(cudaGetDeviceProperties(&p, 0));
+  std::printf("kvlayer bench on %s (%d SMs, L2 %zu MiB), %d reps, medians\n", p.name,
+              p.multiProcessorCount, b.l2_bytes >> 20, b.reps);
+  b.ceiling();
+  std::printf("streaming-read ceiling: %.0f GB/s\n", b.ceiling_gbs);
+  struct G {
+    int n_kv, hd, gqa;
+  };
+  const std::vector<G> geoms =
+      quick ? std::vector<G>{{8, 128, 8}}
+            : std::vector<G>{{8, 128, 8}, {8, 128, 4}, {4, 256, 8}, {1, 128, 16}};
+  const std::vector<std::int64_t> lengths =
+      quick ? std::vector<std::int64_t>{4096, 131072}
+            : std::vector<std::int64_t>{1024, 4096, 16384, 65536, 131072};
+  for (const G& g : geoms) {
+    for (std::int64_t keys : lengths) b.decode(g.n_kv, g.hd, g.gqa, keys, 0);
+    b.decode(g.n_kv, g.hd, g.gqa, 131072, 4096);
+  }
+  b.append(1);
+  b.append(4096);
+  b.graph_step();
+
+  std::printf("\n%-13s %-34s %7s %6s %10s %12s %8s %9s\n", "kernel", "geometry / shape", "keys",
+              "window", "µs", "bytes", "GB/s", "% ceiling");
+  nlohmann::json results = nlohmann::json::array();
+  for (const Row& r : b.rows) {
+    const double gbs = r.bytes / r.us / 1e3;
+    const std::string geom = r.shape.empty()
+                                 ? std::to_string(r.n_kv_heads) + "x" + std::to_string(r.head_dim) +
+                                       " gqa " + std::to_string(r.gqa)
+                                 : r.shape;
+    std::printf("%-13s %-34s %7lld %6s %10.2f %12.0f %8.0f %8.1f%%\n", r.name.c_str(), geom.c_str(),
+                (long long)r.keys, r.window ? std::to_string(r.window).c_str() : "-", r.us, r.bytes,
+                gbs, 100.0 * gbs / b.ceiling_gbs);
+    results.push_back({{"name", r.name},
+                       {"shape", geom},
+                       {"n_kv_heads", r.n_kv_heads},
+                       {"head_dim", r.head_dim},
+                       {"gqa", r.gqa},
+                       {"keys", r.keys},
+                       {"window", r.window ? nlohmann::json(r.window) : nlohmann::json(nullptr)},
+                       {"us", r.us},
+                       {"bytes", r.bytes},
+                       {"gbs", gbs},
+                       {"pct_ceiling", 100.0 * gbs / b.ceiling_gbs}});
+  }
+  if (auto path = o.get("json")) {
+    char date[32];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&t));
+    nlohmann::json doc = {{"date", date},
+                          {"gpu", p.name},
+                          {"ceiling_gbs", b.ceiling_gbs},
+                          {"reps", b.reps},
+                          {"results", results}};
+    std::ofstream f(*path);
+    f << doc.dump(1) << "\n";
+    if (!f) throw Error(ErrorKind::io, "bench: cannot write " + *path);
+    std::printf("\nwrote %s\n", path->c_str());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+const Command& bench_command() {
+  static const Command c{"bench",
+                         "GPU timings: decode, append, graph step vs the streaming-read ceiling",
+                         kUsage, &run_bench};
+  return c;
+}
+
+}  // namespace kvlayer::cli

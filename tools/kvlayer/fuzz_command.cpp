@@ -1,0 +1,168 @@
+// kvlayer fuzz: the model-based campaign (proptests/harness): random append / rewind / rebase
+// / decode / graph sequences on the reference and, when a GPU is present, the CUDA layer,
+// compared after every command; a failure is shrunk and saved as a replay file.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "commands.hpp"
+#include "kvlayer/harness/campaign.hpp"
+#include "system_choice.hpp"
+
+namespace kvlayer::cli {
+namespace {
+
+constexpr std::string_view kUsage =
+    "usage: kvlayer fuzz [--cases N] [--minutes M] [--seed S] [--max-size N]\n"
+    "                    [--replay-dir DIR] [--reference-only]\n"
+    "  Runs random command sequences (append, append_dc(w), inc_seqlen, reserve, rewind,\n"
+    "  decode variants, physical_rows, captured graph chains, status) on the reference and\n"
+    "  the CUDA KvLayer, comparing planes, counters, status and decode outputs after every\n"
+    "  command. Without a GPU (or with --reference-only) the reference runs alone: its\n"
+    "  invariants and an independent float64 recomputation of decodes.\n"
+    "  --cases N        passing cases to run (default 300)\n"
+    "  --minutes M      stop after M minutes (default: no limit)\n"
+    "  --seed S         campaign seed (default 1); the same seed draws the same cases\n"
+    "  --max-size N     rapidcheck size: longest sequences (default 100)\n"
+    "  --replay-dir D   where a failing case's replay file goes (default .)\n"
+    "  exit status 0 when every case passed, 1 on a failure (replay file written)\n";
+
+std::int64_t parse_count(const Options& o, const char* name, std::int64_t fallback, std::int64_t lo,
+                         std::int64_t hi) {
+  const auto v = o.get(name);
+  if (!v) return fallback;
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(*v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v->size() || x < lo || x > hi)
+    throw UsageError("--" + std::string(name) + " '" + *v + "' must be an integer in [" +
+                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return x;
+}
+
+double parse_minutes(const Options& o) {
+  const auto v = o.get("minutes");
+  if (!v) return 0;
+  std::size_t used = 0;
+  double x = -1;
+  try {
+    x = std::stod(*v, &used);
+  } catch (...) {
+    used = 0;
+  }
+  if (used != v->size() || !(x > 0) || x > 100000)
+    throw UsageError("--minutes '" + *v + "' must be a number in (0, 100000]");
+  return x;
+}
+
+/// A one-line progress bar on stderr, redrawn at most 5 times a second (a line per 10% when
+/// stderr is not a terminal).
+class Progress {
+ public:
+  Progress(std::int64_t total, double minutes) : total_(total), minutes_(minutes) {}
+  void update(std::int64_t done, const harness::Stats& s) {
+    const auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const bool tty = isatty(2);
+    if (tty && now - last_ < std::chrono::milliseconds(200) && done < total_) return;
+    const double frac =
+        std::max(double(done) / double(total_), minutes_ > 0 ? secs / (60 * minutes_) : 0.0);
+    if (!tty && int(frac * 10) == last_decile_) return;
+    last_ = now;
+    last_decile_ = int(frac * 10);
+    constexpr int kWidth = 30;
+    const int filled = std::min(kWidth, int(frac * kWidth));
+    std::fprintf(stderr, "%s[%s%s] %lld/%lld cases  %.1f cases/min  rebases %lld  replays %lld%s",
+                 tty ? "\r" : "", std::string(std::size_t(filled), '#').c_str(),
+                 std::string(std::size_t(kWidth - filled), '.').c_str(), (long long)done,
+                 (long long)total_, secs > 0 ? 60.0 * double(done) / secs : 0.0,
+                 (long long)s.rebases, (long long)s.graph_replays, tty ? "   " : "\n");
+    std::fflush(stderr);
+  }
+  void finish() {
+    if (isatty(2)) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  std::int64_t total_;
+  double minutes_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point last_{};
+  int last_decile_ = -1;
+};
+
+void print_summary(const harness::CampaignResult& r, const std::string& side) {
+  auto line = [](const std::string& k, const std::string& v) {
+    std::printf("  %-28s %s\n", k.c_str(), v.c_str());
+  };
+  std::printf("\nkvlayer fuzz summary\n");
+  line("sides", side);
+  line("cases", std::to_string(r.cases));
+  line("seconds", std::to_string(int(r.seconds)));
+  line("cases per minute",
+       std::to_string(r.seconds > 0 ? int(60.0 * double(r.cases) / r.seconds) : 0));
+  std::int64_t total = 0;
+  for (const auto& [kind, n] : r.stats.commands) total += n;
+  line("commands",
+       std::to_string(total) + " (" + std::to_string(r.stats.refused) + " refused, on both sides)");
+  for (const auto& [kind, n] : r.stats.commands) line("  " + kind, std::to_string(n));
+  line("rebases", std::to_string(r.stats.rebases));
+  line("rewinds", std::to_string(r.stats.rewinds));
+  line("graph replays", std::to_string(r.stats.graph_replays));
+  line("bytes compared", std::to_string(r.stats.bytes_compared));
+  line("decodes compared", std::to_string(r.stats.decodes_compared));
+  char worst[160];
+  std::snprintf(worst, sizeof worst, "%.3g (error %.3g against bound %.3g)",
+                r.stats.worst_error_ratio, r.stats.worst_error, r.stats.worst_bound);
+  line("largest decode error/bound", r.stats.worst_bound > 0 ? worst : "n/a (no GPU outputs)");
+  line("failures", r.passed ? "0" : "1");
+  if (!r.passed) {
+    line("replay file", r.replay_file.empty() ? "(none)" : r.replay_file);
+    line("shrunk sequence", std::to_string(r.shrunk_commands) + " commands after " +
+                                std::to_string(r.shrinks) + " shrinks");
+  }
+}
+
+int run_fuzz(const std::vector<std::string>& args) {
+  const Options o(args, {"cases", "minutes", "seed", "max-size", "replay-dir"}, {"reference-only"});
+  harness::CampaignConfig config;
+  config.cases = parse_count(o, "cases", 300, 1, 1'000'000'000);
+  config.minutes = parse_minutes(o);
+  config.seed = std::uint64_t(parse_count(o, "seed", 1, 0, INT64_MAX));
+  config.max_size = int(parse_count(o, "max-size", 100, 1, 10000));
+  config.replay_dir = o.get("replay-dir").value_or(".");
+  const SystemChoice choice = choose_system(o.flag("reference-only"));
+  config.make_system = choice.factory;
+  std::printf(
+      "kvlayer fuzz: seed %llu, %lld cases%s\n", (unsigned long long)config.seed,
+      (long long)config.cases,
+      config.minutes > 0 ? (" or " + std::to_string(config.minutes) + " minutes").c_str() : "");
+  std::printf("  %s\n", choice.description.c_str());
+  Progress progress(config.cases, config.minutes);
+  config.on_progress = [&](std::int64_t done, const harness::Stats& s) {
+    progress.update(done, s);
+  };
+  const harness::CampaignResult r = harness::run_campaign(config);
+  progress.finish();
+  if (!r.passed) std::printf("\n%s\n", r.report.c_str());
+  print_summary(r, choice.sides);
+  return r.passed ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+const Command& fuzz_command() {
+  static const Command c{"fuzz",
+                         "model-based campaign: reference vs CUDA layer, shrinking, replay files",
+                         kUsage, &run_fuzz};
+  return c;
+}
+
+}  // namespace kvlayer::cli
