@@ -281,18 +281,43 @@ def fused_q5_1_trunc(a, ident):
     return int(np.trunc(round_to_f32_exact(fr)))
 
 
+def fma_lane(lo, hi, d, ident):
+    """An x whose (x-min)·id rounds to 0.5 - 2^-25: the separate f32 add then ties to even at
+    1.0 (q = 1), while the exact product + 0.5 rounds below 1 (an FMA gives q = 0). Only the
+    q = 1 boundary can do this (the product's binade is finer than the sum's only there), and
+    the product passes it once as x - min grows, so a block has at most one or two; None if
+    this block has none."""
+    below = F32(0.5 - 2.0 ** -25)
+    for a in steps_around(F32(F32(0.5) * d), 64):  # walk x - min, the quantity the product sees
+        x = F32(a + lo)
+        a2 = F32(x - lo)
+        if lo <= x <= hi and F32(a2 * ident) == below and fused_q5_1_trunc(a2, ident) == 0:
+            return x
+    return None
+
+
 def blocks_ties_q5_1(rs):
     """Lanes where (x-min)·id + 0.5 lands exactly on an integer in f32: both exact ties
     ((x-min)·id == k+0.5) and double-rounding lanes (the product is just below k+0.5 and the
-    separate f32 add rounds up; an FMA would truncate to k)."""
+    separate f32 add rounds up). Every even block also holds a lane that an FMA-contracted
+    quantizer would get wrong."""
     blocks = []
     exact = rounded_up = fma_sensitive = div_sensitive = 0
     while len(blocks) < 24:
-        lo = F32(rs.uniform(-4, 1) * 10.0 ** rs.randint(-2, 3))
-        hi = F32(lo + F32(rs.uniform(0.1, 8) * 10.0 ** rs.randint(-2, 3)))
-        d = F32((hi - lo) / F32(31))
-        ident = F32(F32(1) / d)
-        blk = [lo, hi]
+        for _attempt in range(500):
+            width = F32(rs.uniform(0.1, 8) * 10.0 ** rs.randint(-2, 3))
+            if len(blocks) % 2:
+                lo = F32(rs.uniform(-4, 1) * 10.0 ** rs.randint(-2, 3))
+            else:  # min ≈ -d/2: lanes near min + d/2 sit near 0, where x - min is fine-grained
+                lo = F32(-rs.uniform(0.3, 0.7) * width / 31)
+            hi = F32(lo + width)
+            d = F32((hi - lo) / F32(31))
+            ident = F32(F32(1) / d)
+            lane = fma_lane(lo, hi, d, ident)
+            if lane is not None or len(blocks) % 2:
+                break
+        assert len(blocks) % 2 or lane is not None, "no FMA-sensitive block found"
+        blk = [lo, hi] + ([lane] if lane is not None else [])
         tries = 0
         while len(blk) < 32 and tries < 600:
             tries += 1
@@ -300,7 +325,6 @@ def blocks_ties_q5_1(rs):
             q = 1 if rs.randint(3) == 0 else int(rs.randint(1, 32))
             target = F32(q)
             x0 = F32(lo + F32(F32(q - 0.5) * d))
-            found = False
             for x in steps_around(x0, 40):
                 if not (lo <= x <= hi):
                     continue
@@ -318,21 +342,25 @@ def blocks_ties_q5_1(rs):
                     exact += 1
                 else:
                     rounded_up += 1
-                if fused_q5_1_trunc(a, ident) != q:
-                    fma_sensitive += 1
                 if int(np.trunc(F32(F32(a / d) + F32(0.5)))) != q:
                     div_sensitive += 1
-                found = True
                 break
-            del found
         if len(blk) == 32:
-            perm = rs.permutation(32)
-            blocks.append(np.array(blk, dtype=F32)[perm])
+            blocks.append(np.array(blk, dtype=F32)[rs.permutation(32)])
     x = np.array(blocks, dtype=F32)
+    # Count the FMA-sensitive lanes over the finished blocks (targeted and incidental ones).
+    for b in x:
+        lo, hi = b.min(), b.max()
+        d = F32((hi - lo) / F32(31))
+        ident = F32(F32(1) / d)
+        for v in b:
+            a = F32(v - lo)
+            if fused_q5_1_trunc(a, ident) != int(np.trunc(F32(F32(a * ident) + F32(0.5)))):
+                fma_sensitive += 1
     stats = {"exact_tie_lanes": exact, "rounded_up_lanes": rounded_up,
              "lanes_an_fma_would_change": fma_sensitive,
              "lanes_where_division_by_d_would_change": div_sensitive}
-    return x, "q5_1 boundaries: (x-min)*id+0.5 is exactly an integer in f32 (exact ties and double-rounding lanes)", stats
+    return x, "q5_1 boundaries: (x-min)*id+0.5 is exactly an integer in f32 (exact ties, double-rounding lanes, lanes an FMA would change)", stats
 
 
 def blocks_constant(rs):

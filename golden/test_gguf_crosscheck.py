@@ -167,6 +167,7 @@ def main(argv):
     assert tallies["random"].compared > args.random_blocks, "random check compared too few blocks"
     ties = {c["name"]: c.get("stats", {}) for c in quant_cases}
     assert ties["ties_q8_0"]["tie_lanes"] > 100 and ties["ties_q5_1"]["exact_tie_lanes"] > 100
+    assert ties["ties_q5_1"]["lanes_an_fma_would_change"] >= 12, "FMA-sensitive lanes missing"
     print("gguf cross-check: %s" % ("PASS" if ok else "FAIL"))
     return 0 if ok else 1
 
