@@ -3,6 +3,7 @@
 // that both report the same values with the same words.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -20,7 +21,11 @@ struct DataError {
   Plane plane = Plane::k;
   std::int64_t block = 0;  ///< block index inside the row
   float value = 0;         ///< first non-finite value, else the value of largest magnitude
-  bool operator==(const DataError&) const = default;
+  /// Equal when every field is; `value` compares by its bits, so a NaN equals the same NaN.
+  bool operator==(const DataError& o) const {
+    return row == o.row && plane == o.plane && block == o.block &&
+           std::bit_cast<std::uint32_t>(value) == std::bit_cast<std::uint32_t>(o.value);
+  }
 };
 
 /// What a device-counter step did wrong.
