@@ -57,5 +57,10 @@ class Options {
 const Command& quantize_command();
 const Command& dequantize_command();
 const Command& selfcheck_command();
+const Command& fuzz_command();
+const Command& replay_command();
+#ifdef KVLAYER_WITH_CUDA
+const Command& bench_command();
+#endif
 
 }  // namespace kvlayer::cli

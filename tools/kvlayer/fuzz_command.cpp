@@ -26,7 +26,7 @@ constexpr std::string_view kUsage =
     "  --cases N        passing cases to run (default 300)\n"
     "  --minutes M      stop after M minutes (default: no limit)\n"
     "  --seed S         campaign seed (default 1); the same seed draws the same cases\n"
-    "  --max-size N     rapidcheck size: longest sequences (default 100)\n"
+    "  --max-size N     rapidcheck size: longest sequences (default 150)\n"
     "  --replay-dir D   where a failing case's replay file goes (default .)\n"
     "  exit status 0 when every case passed, 1 on a failure (replay file written)\n";
 
@@ -136,7 +136,7 @@ int run_fuzz(const std::vector<std::string>& args) {
   config.cases = parse_count(o, "cases", 300, 1, 1'000'000'000);
   config.minutes = parse_minutes(o);
   config.seed = std::uint64_t(parse_count(o, "seed", 1, 0, INT64_MAX));
-  config.max_size = int(parse_count(o, "max-size", 100, 1, 10000));
+  config.max_size = int(parse_count(o, "max-size", 150, 1, 10000));
   config.replay_dir = o.get("replay-dir").value_or(".");
   const SystemChoice choice = choose_system(o.flag("reference-only"));
   config.make_system = choice.factory;

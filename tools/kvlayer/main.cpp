@@ -19,6 +19,11 @@ constexpr CommandFactory kCommands[] = {
     &quantize_command,
     &dequantize_command,
     &selfcheck_command,
+    &fuzz_command,
+    &replay_command,
+#ifdef KVLAYER_WITH_CUDA
+    &bench_command,
+#endif
 };
 
 std::string command_list() {

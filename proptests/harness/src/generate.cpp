@@ -26,7 +26,7 @@ Geometry twin_geometry(Geometry g) {
 }
 
 void apply_to_twin(ref::KvLayer& t, const Command& command) {
-  static const std::vector<std::uint8_t> zeros(4096 * 4, 0);
+  static const std::vector<std::uint8_t> zeros(4096 * kBlockValues * sizeof(float), 0);
   const auto rows = [&](std::int64_t n) {
     return ref::RowsView{zeros.data(), zeros.data(), std::min<std::int64_t>(n, 4096), DType::f32};
   };
@@ -79,7 +79,7 @@ Command draw_command(const GenModel& m) {
   std::int64_t lowest = len;
   while (lowest > 0 && t.can_rewind_to(lowest - 1)) --lowest;
   if (len_d > len && *rc::gen::inRange(0, 3) != 0) return AccountSteps{len_d - len};
-  const int pick = *rc::gen::weightedElement<int>({{14, 0}, {6, 1}, {2, 2}, {3, 3}, {4, 4},
+  const int pick = *rc::gen::weightedElement<int>({{g.is_ring() ? 24 : 14, 0}, {6, 1}, {2, 2}, {3, 3}, {4, 4},
                                                    {8, 5}, {2, 6}, {2, 7}, {3, 8}, {1, 9}});
   switch (pick) {
     case 0: {  // append, occasionally one row more than fits
@@ -174,11 +174,14 @@ Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads) {
   *n_q_heads = g.n_kv_heads * gqa;
   g.max_ctx = *rc::gen::inRange<std::int64_t>(1, limits.max_ctx + 1);
   const int layout = *rc::gen::inRange(0, 3);  // 0 flat, 1 flat windowed, 2 ring
-  if (layout >= 1) g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, limits.max_ctx / 2));
+  if (layout == 1) g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, g.max_ctx + 8));
   if (layout == 2) {
+    // Mostly rings much shorter than max_ctx, so that they rebase many times per case.
     g.storage = Storage::ring;
-    g.max_append = *rc::gen::inRange<std::int64_t>(1, 65);
-    g.rewind_slack = *rc::gen::inRange<std::int64_t>(0, 41);
+    g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, limits.max_ctx / 12));
+    g.max_append = *rc::gen::inRange<std::int64_t>(1, 17);
+    g.rewind_slack = *rc::gen::inRange<std::int64_t>(0, 13);
+    g.max_ctx = std::max(g.max_ctx, *rc::gen::inRange<std::int64_t>(1, limits.max_ctx + 1));
   }
   return g;
 }
@@ -194,7 +197,7 @@ void model_based_property(const PropertyOptions& options) {
   GenModel model{c.geometry, std::make_shared<ref::KvLayer>(twin_geometry(c.geometry))};
   try {
     rc::state::check(model, executor,
-                     rc::state::gen::execOneOfWithArgs<Step, Step, Step, Step, ReserveThenChain>());
+                     rc::state::gen::execOneOfWithArgs<Step, Step, Step, Step, Step, Step, Step, ReserveThenChain>());
   } catch (...) {
     if (!options.replay_path.empty()) {
       c.commands = executor.executed();

@@ -15,7 +15,7 @@ struct CampaignConfig {
   std::uint64_t seed = 1;
   std::int64_t cases = 1000;  ///< stop after this many passing cases
   double minutes = 0;         ///< and/or after this long (0: no time limit)
-  int max_size = 100;         ///< rapidcheck size: longest command sequences
+  int max_size = 150;         ///< rapidcheck size: longest command sequences
   DrawLimits limits;
   SystemFactory make_system;  ///< empty: reference only
   std::string replay_dir = ".";
