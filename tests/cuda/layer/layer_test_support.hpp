@@ -194,8 +194,15 @@ struct DeviceRows {
       : k(std::max<std::size_t>(h.k.size(), 1)), v(std::max<std::size_t>(h.v.size(), 1)) {
     KVLAYER_CUDA_TRY(cudaMemcpy(k.get(), h.k.data(), h.k.size(), cudaMemcpyHostToDevice));
     KVLAYER_CUDA_TRY(cudaMemcpy(v.get(), h.v.data(), h.v.size(), cudaMemcpyHostToDevice));
+    // NOTE: a pageable cudaMemcpy may return before its DMA lands, and the layers' streams are
+    // non-blocking (no implicit order with the legacy stream): wait for it.
+    KVLAYER_CUDA_TRY(cudaDeviceSynchronize());
     view = cuda::RowsView{k.get(), v.get(), h.n, h.dtype};
   }
+  /// Work enqueued on any stream may still read the rows: let it finish before cudaFree.
+  ~DeviceRows() { (void)cudaDeviceSynchronize(); }
+  DeviceRows(const DeviceRows&) = delete;
+  DeviceRows& operator=(const DeviceRows&) = delete;
 };
 
 /// f32 on the device.
@@ -203,9 +210,13 @@ struct DeviceFloats {
   DeviceBuffer buf;
   std::size_t count;
   explicit DeviceFloats(std::size_t n) : buf(n * sizeof(float)), count(n) {}
+  ~DeviceFloats() { (void)cudaDeviceSynchronize(); }  // see ~DeviceRows
+  DeviceFloats(const DeviceFloats&) = delete;
+  DeviceFloats& operator=(const DeviceFloats&) = delete;
   float* get() const { return buf.as<float>(); }
   void upload(const std::vector<float>& x) {
     KVLAYER_CUDA_TRY(cudaMemcpy(buf.get(), x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    KVLAYER_CUDA_TRY(cudaDeviceSynchronize());  // see DeviceRows
   }
   /// Fills with 0xFF bytes (a NaN) so that an unwritten element cannot pass; stream-ordered.
   void poison(cudaStream_t s) { KVLAYER_CUDA_TRY(cudaMemsetAsync(buf.get(), 0xFF, count * 4, s)); }

@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# The on-device half of tools/device-check (run there by the device tool, in the repo root):
+#   1. every GoogleTest binary in BUILD/bin, in parallel (the CPU-only ones too);
+#   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU test binaries,
+#      with gtest filters that keep each under a few minutes, the four tools in parallel;
+#   3. one summary table (step, result, seconds), also written to $OUT/summary.txt.
+# Exit status: 0 only if every step passed.
+#
+# Usage: tools/device-check-remote.sh [BUILD_DIR] [ORIGIN_ROOT]
+#   BUILD_DIR    the build folder whose bin/ was carried (default build-device)
+#   ORIGIN_ROOT  the repo root where the binaries were built: absolute source paths compiled
+#                into tests (and CTest files) point there, so it is linked to this checkout.
+# Environment: OUT (logs; default ./device-check-out), KVLAYER_TEST_TIMEOUT (s per binary,
+# default 240), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 200),
+# KVLAYER_SANITIZE_<TOOL>_<BINARY> (a gtest filter overriding the built-in one).
+set -uo pipefail
+
+build=${1:-build-device}
+origin=${2:-}
+out=${OUT:-$PWD/device-check-out}
+test_timeout=${KVLAYER_TEST_TIMEOUT:-240}
+sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-200}
+mkdir -p "$out"
+work=$(mktemp -d)
+results="$work/results"
+mkdir -p "$results" "$work/logs"
+t0=$(date +%s)
+
+# Absolute paths baked in at build time resolve to this checkout.
+if [[ -n "$origin" && "$origin" != "$PWD" && ! -e "$origin" ]]; then
+  mkdir -p "$(dirname "$origin")" && ln -s "$PWD" "$origin"
+fi
+
+# run_step NAME LOG TIMEOUT CMD...: runs CMD with a timeout, appends its output to LOG under a
+# header, and records "NAME|RESULT|SECONDS" for the summary.
+run_step() {
+  local name=$1 log=$2 limit=$3
+  shift 3
+  local start end rc result
+  start=$(date +%s.%N)
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  case $rc in
+    0) result=PASS ;;
+    124 | 137) result="TIMEOUT(${limit}s)" ;;
+    *) result="FAIL(rc=$rc)" ;;
+  esac
+  printf '%s|%s|%s\n' "$name" "$result" "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')" \
+    >"$results/$(echo "$name" | tr ' /' '__')"
+}
+
+# ---- environment -----------------------------------------------------------------------------
+{
+  echo "device-check on $(hostname) at $(date -u +%FT%TZ), build $build, origin ${origin:-none}"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+  else
+    echo "nvidia-smi: not found"
+  fi
+  if command -v compute-sanitizer >/dev/null 2>&1; then
+    compute-sanitizer --version 2>&1 | tail -n 1
+  else
+    echo "compute-sanitizer: not found"
+  fi
+} >"$work/env.txt"
+cat "$work/env.txt"
+
+# ---- 1. every GoogleTest binary ----------------------------------------------------------------
+binaries=()
+for b in "$build"/bin/*; do
+  [[ -f "$b" && -x "$b" ]] || continue
+  if timeout 30 "$b" --gtest_list_tests >/dev/null 2>&1; then binaries+=("$b"); fi
+done
+echo "test binaries: ${binaries[*]##*/}"
+for b in "${binaries[@]}"; do
+  run_step "test ${b##*/}" "$work/logs/test_${b##*/}.log" "$test_timeout" \
+    "$b" --gtest_color=no &
+done
+wait
+
+# ---- 2. compute-sanitizer on the GPU test binaries ----------------------------------------------
+# Built-in filters: small, representative cases (each tool slows kernels 10-100x).
+filter_for() {  # TOOL BINARY -> gtest filter ("" = do not sanitize this binary)
+  local var="KVLAYER_SANITIZE_${1^^}_${2}"
+  if [[ -n "${!var:-}" ]]; then echo "${!var}"; return; fi
+  case "$1/$2" in
+    memcheck/kvlayer_cuda_layer_tests)
+      echo 'CudaAppend.EachAdversarial*:CudaAppend.DataErrors*:CudaAppend.DeviceCounterDataErrors*:CudaRefusals.*:CudaDecode.BadBlocks*:CudaGraph.FlatStep*:CudaRing.WindowBoundaries*' ;;
+    initcheck/kvlayer_cuda_layer_tests)
+      echo 'CudaAppend.EachAdversarial*:CudaAppend.DeviceCounterDataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*:CudaGraph.FlatStep*:CudaRing.WindowBoundaries*' ;;
+    racecheck/kvlayer_cuda_layer_tests | synccheck/kvlayer_cuda_layer_tests)
+      echo 'CudaAppend.DataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*' ;;
+    */kvlayer_decode_test)
+      echo 'DecodeEdge.*:DecodeDeterminism.*' ;;
+    *) echo '' ;;
+  esac
+}
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    (
+      for b in "${binaries[@]}"; do
+        filter=$(filter_for "$tool" "${b##*/}")
+        [[ -n "$filter" ]] || continue
+        run_step "$tool ${b##*/}" "$work/logs/${tool}_${b##*/}.log" "$sanitize_timeout" \
+          compute-sanitizer --tool "$tool" --error-exitcode 1 \
+          "$b" --gtest_color=no --gtest_filter="$filter"
+      done
+    ) &
+  done
+  wait
+else
+  printf '%s|%s|%s\n' "compute-sanitizer" "SKIP(not installed)" "0" >"$results/sanitizer"
+fi
+
+# ---- logs back: at most 8 files, 16 MiB each ------------------------------------------------------
+collect() {  # OUTFILE PATTERN: concatenates matching step logs, capped at 15 MiB
+  local dest=$1 pattern=$2 f
+  : >"$dest"
+  for f in "$work"/logs/$pattern; do
+    [[ -e "$f" ]] || continue
+    printf '\n===== %s =====\n' "$(basename "$f" .log)" >>"$dest"
+    cat "$f" >>"$dest"
+  done
+  if (($(stat -c %s "$dest") > 15 * 1024 * 1024)); then
+    { head -c $((7 * 1024 * 1024)) "$dest"; printf '\n[... truncated ...]\n'; tail -c $((7 * 1024 * 1024)) "$dest"; } >"$dest.tmp"
+    mv "$dest.tmp" "$dest"
+  fi
+}
+collect "$out/tests.log" 'test_*.log'
+for tool in memcheck racecheck synccheck initcheck; do collect "$out/$tool.log" "${tool}_*.log"; done
+
+# ---- 3. summary -------------------------------------------------------------------------------------
+failed=0
+{
+  cat "$work/env.txt"
+  echo
+  printf '%-50s %-20s %8s\n' "step" "result" "seconds"
+  printf '%-50s %-20s %8s\n' "----" "------" "-------"
+  for f in "$results"/*; do
+    IFS='|' read -r name result secs <"$f"
+    printf '%-50s %-20s %8s\n' "$name" "$result" "$secs"
+    [[ $result == PASS || $result == SKIP* ]] || failed=1
+  done
+  printf '%-50s %-20s %8s\n' "total" "$([[ $failed == 0 ]] && echo PASS || echo FAIL)" "$(($(date +%s) - t0))"
+} >"$out/summary.txt"
+# Failing test names, so that the summary alone says what broke.
+grep -h '^\[  FAILED  \] [A-Za-z]' "$work"/logs/test_*.log 2>/dev/null | grep -v ' ms)$' | sort -u | head -40 >"$work/failed.txt" || true
+if [[ -s "$work/failed.txt" ]]; then
+  { echo; echo "failed tests:"; cat "$work/failed.txt"; } >>"$out/summary.txt"
+fi
+grep -h 'ERROR SUMMARY: [1-9]' "$work"/logs/{memcheck,racecheck,synccheck,initcheck}_*.log 2>/dev/null | head -8 >"$work/san.txt" || true
+if [[ -s "$work/san.txt" ]]; then
+  { echo; echo "sanitizer errors:"; cat "$work/san.txt"; } >>"$out/summary.txt"
+fi
+rm -rf "$work"
+echo
+cat "$out/summary.txt"
+exit "$failed"
