@@ -136,9 +136,13 @@ TEST_F(Cli, NoArgumentsPrintsUsageToStderrAndExits2) {
 TEST_F(Cli, UnknownCommand) {
   const Result r = run({"frobnicate"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_EQ(r.err,
-            "kvlayer: unknown command 'frobnicate' (commands: quantize, dequantize, selfcheck; "
-            "see kvlayer --help)\n");
+#ifdef KVLAYER_CLI_HAS_BENCH
+  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay, bench";
+#else
+  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay";
+#endif
+  EXPECT_EQ(r.err, "kvlayer: unknown command 'frobnicate' (commands: " + commands +
+                       "; see kvlayer --help)\n");
 }
 
 TEST_F(Cli, PerCommandHelp) {

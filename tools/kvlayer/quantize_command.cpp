@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "quantize_input.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/golden/npy.hpp"
 #include "kvlayer/reference/quantize.hpp"
@@ -31,14 +32,7 @@ ref::BlockType parse_type(const std::string& t) {
 
 /// IN as f32 values: a .npy of '<f4' or '<f2' (f16 converted exactly), else raw little-endian f32.
 std::vector<float> read_values(const std::filesystem::path& in) {
-  if (in.extension() == ".npy") return golden::npy_to_f32(golden::read_npy_float(in), in.string());
-  const std::vector<std::uint8_t> bytes = golden::read_file(in);
-  if (bytes.size() % 4 != 0)
-    data_error(in.string() + ": " + std::to_string(bytes.size()) +
-               " bytes is not a whole number of float32 values (4 bytes each)");
-  std::vector<float> v(bytes.size() / 4);
-  std::memcpy(v.data(), bytes.data(), bytes.size());  // little-endian host
-  return v;
+  return parse_quantize_input(golden::read_file(in), in.extension() == ".npy", in.string());
 }
 
 std::string value_string(float v) {

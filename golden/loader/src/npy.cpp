@@ -150,10 +150,9 @@ NpyHeader parse_npy_header(std::span<const std::uint8_t> file) {
 namespace {
 /// Reads and validates a .npy file; `allowed` lists the accepted descrs (all of npy_item_size's
 /// when empty), and the unsupported-dtype message names exactly that set.
-NpyArray read_npy_checked(const std::filesystem::path& path,
-                          const std::vector<std::string>& allowed) {
-  const std::vector<std::uint8_t> file = read_file(path);
-  const std::string where = path.string() + ": ";
+NpyArray parse_npy_checked(std::span<const std::uint8_t> file, const std::string& name,
+                           const std::vector<std::string>& allowed) {
+  const std::string where = name + ": ";
   NpyArray a;
   try {
     a.header = parse_npy_header(file);
@@ -186,11 +185,15 @@ NpyArray read_npy_checked(const std::filesystem::path& path,
 }  // namespace
 
 NpyArray read_npy(const std::filesystem::path& path) {
-  return read_npy_checked(path, {});
+  return parse_npy_checked(read_file(path), path.string(), {});
 }
 
 NpyArray read_npy_float(const std::filesystem::path& path) {
-  return read_npy_checked(path, {"<f4", "<f2"});
+  return parse_npy_checked(read_file(path), path.string(), {"<f4", "<f2"});
+}
+
+NpyArray parse_npy_float(std::span<const std::uint8_t> file, const std::string& name) {
+  return parse_npy_checked(file, name, {"<f4", "<f2"});
 }
 
 std::vector<float> npy_to_f32(const NpyArray& a, const std::string& what) {

@@ -44,6 +44,9 @@ NpyArray read_npy(const std::filesystem::path& path);
 /// unsupported-dtype message names exactly those two.
 NpyArray read_npy_float(const std::filesystem::path& path);
 
+/// As read_npy_float, on the bytes of a file already in memory; messages start with `name`.
+NpyArray parse_npy_float(std::span<const std::uint8_t> file, const std::string& name);
+
 /// The elements of a "<f4" or "<f2" array as f32 (f16 converted exactly). Throws otherwise,
 /// naming the dtype and the supported set.
 std::vector<float> npy_to_f32(const NpyArray& a, const std::string& what);
