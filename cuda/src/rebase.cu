@@ -21,7 +21,8 @@ struct MoveArgs {
 };
 
 __global__ void __launch_bounds__(kThreads) rebase_kernel(MoveArgs a) {
-  const PlaneMove m = a.plane[blockIdx.y];
+  // NOTE: a select, not a.plane[blockIdx.y]: a run-time index would copy the params to the stack.
+  const PlaneMove m = blockIdx.y == 0 ? a.plane[0] : a.plane[1];
   const long long classes = move_classes(m);
   for (long long r = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; r < classes;
        r += static_cast<long long>(gridDim.x) * blockDim.x)
