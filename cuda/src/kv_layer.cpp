@@ -76,6 +76,8 @@ struct KvLayer::State {
   void check_rows(const RowsView& r, const char* op) const {
     if (r.k == nullptr || r.v == nullptr) refuse(op, "k and v must not be null");
     if (r.n < 1) refuse(op, "n ", r.n, " must be at least 1");
+    if (r.dtype != DType::f32 && r.dtype != DType::f16 && r.dtype != DType::bf16)
+      refuse(op, "dtype ", int(r.dtype), " is not f32, f16 or bf16");
     const auto align = static_cast<std::uintptr_t>(dtype_size(r.dtype));
     if (reinterpret_cast<std::uintptr_t>(r.k) % align != 0 ||
         reinterpret_cast<std::uintptr_t>(r.v) % align != 0)

@@ -77,8 +77,8 @@ class KvLayer {
   // ---- Host-len operations (not capturable: they plan on host state) ---------------------
 
   /// Quantizes and appends rows (SPEC §5, §6), rebasing a ring first when needed; then
-  /// len += n and len_d = len. Refused if the pointers are null or misaligned, n < 1,
-  /// len + n > max_ctx, or a ring cannot make room.
+  /// len += n and len_d = len. Refused if the pointers are null or misaligned, the dtype is
+  /// unknown, n < 1, len + n > max_ctx, or a ring cannot make room.
   void append(const RowsView& rows);
   /// len = len_d = new_len; bytes untouched. Refused if new_len is outside [0, len] or, on a
   /// ring, can_rewind_to(new_len) is false.
