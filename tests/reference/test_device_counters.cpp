@@ -116,6 +116,24 @@ TEST(DeviceCounters, AppendDcwOutsideTheRingRows) {
             (DeviceError{DeviceErrorKind::decode_view_too_long, 101, 0, 100}));
 }
 
+TEST(DeviceCounters, TheFirstAppendErrorSticksOverLaterOnes) {
+  // Two failing appends of different kinds: the status keeps the first until clear_status().
+  const Geometry g = ring_geometry(1, 32, 32, 110, 61, 5, 3);  // rows 100
+  KvLayer l(g);
+  Rng rng(13);
+  l.append(random_rows(g, 100, rng).view());
+  l.append_dcw(one_row(g, rng).view());  // physical row 100: outside the rows
+  const DeviceError first{DeviceErrorKind::append_outside_rows, 100, 0, 100};
+  EXPECT_EQ(l.status().device_error, first);
+  for (int i = 0; i < 10; ++i) l.inc_seqlen();
+  l.append_dcw(one_row(g, rng).view());  // len_d 110 == max_ctx
+  EXPECT_EQ(l.status().device_error, first);
+  l.clear_status();
+  l.append_dcw(one_row(g, rng).view());
+  EXPECT_EQ(l.status().device_error,
+            (DeviceError{DeviceErrorKind::append_past_max_ctx, 110, 0, 110}));
+}
+
 TEST(DeviceCounters, BothLimitsExceededReportsMaxCtx) {
   // rows == max_ctx == 20: at len_d 20 both "len_d − base_d ≥ rows" and "len_d ≥ max_ctx"
   // hold. SPEC §7 lists both conditions without an order; the reference reports max_ctx.
@@ -294,8 +312,12 @@ TEST(DataErrors, TheLowestRowPlaneBlockIsKeptWithItsExactMessage) {
   // Decode over a bad block is loud: NaN, never plausible.
   const auto out = l.decode(random_query(g, 2, rng), 2);
   EXPECT_TRUE(std::isnan(out[0]));
+  // A NaN report compares equal to itself (status snapshots must be reflexive).
+  const kvlayer::LayerStatus copy = l.status();
+  EXPECT_TRUE(copy == l.status());
   l.clear_status();
   EXPECT_TRUE(l.status().ok());
+  EXPECT_FALSE(copy == l.status());
 }
 
 TEST(DataErrors, DeviceCounterAppendsReportTheDeviceRow) {

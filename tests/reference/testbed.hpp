@@ -23,6 +23,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -166,8 +167,9 @@ inline Geometry ring_geometry(int heads, int hdk, int hdv, std::int64_t max_ctx,
 
 // ---- verify: snapshots -------------------------------------------------------------------
 
-/// Bitwise equality of two statuses. NOTE: LayerStatus::operator== compares DataError::value as
-/// a float, so a NaN value makes a status unequal to itself; snapshots need reflexivity.
+/// Bitwise equality of two statuses (DataError::value by its bits, so that a NaN report equals
+/// itself). Written out here rather than using LayerStatus::operator== so the snapshot check does
+/// not rest on the code under test.
 inline bool same_status(const kvlayer::LayerStatus& a, const kvlayer::LayerStatus& b) {
   if (a.device_error != b.device_error) return false;
   if (a.data_error.has_value() != b.data_error.has_value()) return false;
@@ -429,6 +431,17 @@ class Shadow {
   }
 
  private:
+  /// SPEC §3 / status.hpp: the data error kept is the lowest (row, plane K < V, block).
+  /// Written out here (not kvlayer::keep_first) so that the model does not share that rule's
+  /// code with the reference.
+  void keep_lowest(const kvlayer::DataError& c) {
+    auto& slot = status_.data_error;
+    auto key = [](const kvlayer::DataError& e) {
+      return std::tuple(e.row, e.plane == Plane::k ? 0 : 1, e.block);
+    };
+    if (!slot || key(c) < key(*slot)) slot = c;
+  }
+
   void device_error(const kvlayer::DeviceError& e) {
     if (!status_.device_error) status_.device_error = e;
   }
@@ -454,7 +467,7 @@ class Shadow {
       const auto bad = kvlayer::ref::quantize_row(
           p == Plane::k ? BlockType::q8_0 : BlockType::q5_1, x,
           std::span(plane).subspan(std::size_t(phys * tb), std::size_t(tb)));
-      if (bad) kvlayer::keep_first(status_.data_error, {logical, p, bad->block, bad->value});
+      if (bad) keep_lowest({logical, p, bad->block, bad->value});
     };
     put(Plane::k, kr, k_, g_.k_tok_bytes());
     put(Plane::v, vr, v_, g_.v_tok_bytes());
