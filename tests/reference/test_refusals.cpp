@@ -158,6 +158,28 @@ TEST(Refusals, Append) {
   }
 }
 
+/// SPEC §3: inputs are f32, f16 or bf16; §5/§9: an input that does not match is refused with
+/// the state unchanged. The message is the CUDA layer's (cuda/src/kv_layer.cpp check_rows), so
+/// that both layers refuse the same request with the same words.
+TEST(Refusals, UnknownInputDtype) {
+  Layers ls;
+  for (KvLayer* l : {&ls.flat, &ls.ring}) {
+    const HostRows r = random_rows(l->geometry(), 1, ls.rng);
+    const kvlayer::ref::RowsView bad{r.k.data(), r.v.data(), 1, static_cast<DType>(7)};
+    expect_refused_unchanged(
+        *l, [&] { l->append(bad); }, "append: dtype 7 is not f32, f16 or bf16");
+    expect_refused_unchanged(
+        *l, [&] { l->append_dcw(bad); }, "append_dcw: dtype 7 is not f32, f16 or bf16");
+  }
+  const HostRows r = random_rows(ls.flat_g, 1, ls.rng);
+  expect_refused_unchanged(
+      ls.flat,
+      [&] {
+        ls.flat.append_dc({r.k.data(), r.v.data(), 1, static_cast<DType>(3)});
+      },
+      "append_dc: dtype 3 is not f32, f16 or bf16");
+}
+
 TEST(Refusals, Rewind) {
   Layers ls;
   for (KvLayer* l : ls.all()) {
