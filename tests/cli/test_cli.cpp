@@ -364,7 +364,7 @@ TEST_F(Cli, DataAndIoErrorsExit1NamingValueAndLimit) {
       {{"quantize", "--type", "q8_0", "--input", p("trunc.npy"), "--output", out},
        1,
        "kvlayer quantize: " + p("trunc.npy") +
-           ": truncated: the header promises 64 values (256 bytes) but the file holds 100 data "
+           ": truncated: the header promises 64 values of 4 bytes but the file holds 100 data "
            "bytes\n"},
       {{"quantize", "--type", "q8_0", "--input", p("notnpy.npy"), "--output", out},
        1,

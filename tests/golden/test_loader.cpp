@@ -164,7 +164,7 @@ TEST(Npy, RejectsWithClearMessages) {
                std::vector<std::uint8_t>(20)));
   EXPECT_EQ(
       error_of([&] { kvlayer::golden::read_npy(p); }),
-      ps + ": truncated: the header promises 6 values (24 bytes) but the file holds 20 data bytes");
+      ps + ": truncated: the header promises 6 values of 4 bytes but the file holds 20 data bytes");
 
   write(npy_v1("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }",
                std::vector<std::uint8_t>(6)));

@@ -173,9 +173,9 @@ NpyArray parse_npy_checked(std::span<const std::uint8_t> file, const std::string
   const std::int64_t count = h.count();
   const std::size_t available = file.size() - h.data_offset;
   if (count > std::int64_t(available / std::size_t(item)))
-    bad(where + "truncated: the header promises " + std::to_string(count) + " values (" +
-        std::to_string(count * item) + " bytes) but the file holds " + std::to_string(available) +
-        " data bytes");
+    bad(where + "truncated: the header promises " + std::to_string(count) + " values of " +
+        std::to_string(item) + " bytes but the file holds " + std::to_string(available) +
+        " data bytes");  // count·item may overflow: never computed here
   if (std::size_t(count) * std::size_t(item) != available)
     bad(where + std::to_string(available - std::size_t(count) * std::size_t(item)) +
         " unexpected bytes after the " + std::to_string(count) + " values");
@@ -200,7 +200,8 @@ std::vector<float> npy_to_f32(const NpyArray& a, const std::string& what) {
   const std::int64_t n = a.header.count();
   std::vector<float> out(static_cast<std::size_t>(n));
   if (a.header.descr == "<f4") {
-    std::memcpy(out.data(), a.data.data(), out.size() * 4);  // host is little-endian (x86, arm64)
+    if (!out.empty())  // memcpy with a null pointer is undefined even for 0 bytes
+      std::memcpy(out.data(), a.data.data(), out.size() * 4);  // host is little-endian
   } else if (a.header.descr == "<f2") {
     for (std::size_t i = 0; i < out.size(); ++i)
       out[i] = f16_bits_to_f32(std::uint16_t(a.data[2 * i] | a.data[2 * i + 1] << 8));

@@ -144,7 +144,7 @@ Case from_json(std::string_view text_in) {
   json j;
   try {
     j = json::parse(text_in.begin(), text_in.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse errors, and numbers out of range
     malformed("JSON", e.what());
   }
   if (!j.is_object()) malformed("top level", "expected an object");
