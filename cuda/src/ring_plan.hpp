@@ -58,8 +58,10 @@ inline void check_rewind(const Geometry& g, std::int64_t len, std::int64_t base,
   if (new_len < 0 || new_len > len)
     refuse("rewind", "new_len ", new_len, " is outside [0, len ", len, "]");
   if (!rewind_allowed(g, len, base, new_len))
-    refuse("rewind", "new_len ", new_len, " needs logical row ", rewind_floor(g, new_len),
-           " resident, below base ", base, " (the ring already dropped it)");
+    refuse("rewind", "new_len ", new_len, " needs logical row ",
+           std::max<std::int64_t>(0, new_len - (*g.window - 1)),
+           " resident (the window of the next append), below base ", base,
+           " (the ring already dropped it)");
 }
 
 /// Refuses account_steps(k) exactly as the reference does.

@@ -476,8 +476,9 @@ struct Illegal : Cmd {
         if (p < 0 || p > len) return std::nullopt;
         return R{[p](KvLayer& l) { l.rewind(p); },
                  "rewind: new_len " + to_string(p) + " needs logical row " +
-                     to_string(Shadow::align_down(std::max<int64_t>(0, p - (*g.window - 1)))) +
-                     " resident, below base " + to_string(base) + " (the ring already dropped it)"};
+                     to_string(std::max<int64_t>(0, p - (*g.window - 1))) +
+                     " resident (the window of the next append), below base " + to_string(base) +
+                     " (the ring already dropped it)"};
       }
       case 6: {
         const int64_t a = which == 0 ? base - 1 - extra : which == 1 ? base : base + 2 + extra;

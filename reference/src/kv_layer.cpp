@@ -37,6 +37,8 @@ KvLayer::KvLayer(const Geometry& geometry) : geometry_(geometry) {
 void KvLayer::check_rows(const RowsView& rows, const char* operation) const {
   if (rows.k == nullptr || rows.v == nullptr) refuse(operation, "k and v must not be null");
   if (rows.n < 1) refuse(operation, "n ", rows.n, " must be at least 1");
+  if (rows.dtype != DType::f32 && rows.dtype != DType::f16 && rows.dtype != DType::bf16)
+    refuse(operation, "dtype ", int(rows.dtype), " is not f32, f16 or bf16");
 }
 
 AppendPlan KvLayer::plan_append(std::int64_t n, const char* operation) const {
@@ -108,8 +110,9 @@ void KvLayer::rewind(std::int64_t new_len) {
     refuse("rewind", "new_len ", new_len, " is outside [0, len ", len_, "]");
   if (!can_rewind_to(new_len))
     refuse("rewind", "new_len ", new_len, " needs logical row ",
-           align_down(std::max<std::int64_t>(0, new_len - (*geometry_.window - 1))),
-           " resident, below base ", base_, " (the ring already dropped it)");
+           std::max<std::int64_t>(0, new_len - (*geometry_.window - 1)),
+           " resident (the window of the next append), below base ", base_,
+           " (the ring already dropped it)");
   len_ = new_len;
   len_d_ = new_len;
 }

@@ -192,7 +192,8 @@ TEST(Refusals, Rewind) {
   }
   expect_refused_unchanged(
       ls.ring, [&] { ls.ring.rewind(0); },
-      "rewind: new_len 0 needs logical row 0 resident, below base 32 (the ring already dropped "
+      "rewind: new_len 0 needs logical row 0 resident (the window of the next append), below "
+      "base 32 (the ring already dropped "
       "it)");
 }
 

@@ -171,7 +171,8 @@ TEST(Ring, RewindAtExactlyTheLimitAndOneRowPast) {
   EXPECT_FALSE(b.layer.can_rewind_to(102));
   expect_refused_unchanged(
       b.layer, [&] { b.layer.rewind(91); },
-      "rewind: new_len 91 needs logical row 0 resident, below base 32 (the ring already dropped "
+      "rewind: new_len 91 needs logical row 31 resident (the window of the next append), below "
+      "base 32 (the ring already dropped "
       "it)");
   expect_refused_unchanged(
       b.layer, [&] { b.layer.rewind(102); }, "rewind: new_len 102 is outside [0, len 101]");
