@@ -12,6 +12,12 @@
 
 namespace kvlayer::cuda::detail {
 
+/// Which split kernel a plan launches (both write the same partials; one merge kernel).
+enum class DecodeKernel {
+  cuda_core,  ///< decode.cu: f32 FMAs on CUDA cores (the validated default)
+  mma,        ///< decode_mma.cu: mma.sync m16n8k16 f16 × f16 → f32 on tensor cores
+};
+
 /// Fixed at construction: the grid and the scratch it needs serve every view length up to
 /// max_view_keys, so one captured graph stays valid for every token.
 struct DecodePlan {
@@ -23,6 +29,10 @@ struct DecodePlan {
   int tile_keys = 0;                    ///< keys per tile of the key loop (4096 / head_dim)
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
   std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split
+  DecodeKernel kernel = DecodeKernel::cuda_core;
+  /// Online-softmax rescales of one accumulator at the longest split (for the tolerance's
+  /// AccumulationShape::rescales): one per tile, plus (mma) the block's merge of its warps.
+  std::int64_t max_rescales = 0;
 };
 
 /// Alignment the decode needs of k_plane, v_plane (it issues 4/8/16-byte vector loads).
@@ -33,8 +43,19 @@ inline constexpr std::size_t kDecodePlaneAlignment = 16;
 /// Throws kvlayer::Error (refused) naming the value and the supported set for an unsupported
 /// head dim (64, 128, 256), gqa (1..16), n_kv_heads < 1, max_view_keys outside [1, 2^31 − 1]
 /// or multiprocessor_count < 1.
+/// The kernel is default_decode_kernel(): cuda_core unless the environment says otherwise.
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count);
+
+/// The same for an explicit kernel (tests, benchmarks); ignores the environment.
+DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
+                       int multiprocessor_count, DecodeKernel kernel);
+
+/// The kernel a plan uses by default: the environment variable KVLAYER_DECODE_KERNEL
+/// (`mma` or `cuda_core`), read at plan time (layer construction), else cuda_core.
+/// NOTE: a plan (and a graph captured from it) keeps its kernel; changing the variable later
+/// affects only layers constructed later. Throws kvlayer::Error (refused) for any other value.
+DecodeKernel default_decode_kernel();
 
 /// One decode launch.
 struct DecodeArgs {

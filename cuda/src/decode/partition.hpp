@@ -15,6 +15,18 @@ inline constexpr int kDecodeMaxSplits = 1024;
 /// Split blocks the planner aims for per multiprocessor at max_view_keys.
 inline constexpr int kDecodeBlocksPerSm = 4;
 
+/// Tensor-core kernel (decode_mma.cu): 4 warps, each owning every 4th 16-key warp tile of the
+/// split, so the partition granule (tile_keys of its plan) is 64 keys for every head dim.
+inline constexpr int kDecodeMmaWarps = 4;
+inline constexpr int kDecodeMmaWarpKeys = 16;
+inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
+
+/// Resident tensor-core split blocks per multiprocessor (shared memory and the register cap of
+/// its __launch_bounds__): head dim 256 needs 96 KB of stages, gqa > 8 doubles the accumulators.
+__host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa) {
+  return head_dim == 256 ? 2 : (head_dim == 128 && gqa > 8 ? 3 : 4);
+}
+
 /// Keys per tile for a head dim: tile × (head_dim / 32) = kDecodeThreads.
 __host__ __device__ constexpr int decode_tile_keys(int head_dim) {
   return kDecodeThreads / (head_dim / 32);

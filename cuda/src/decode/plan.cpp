@@ -1,7 +1,9 @@
 // plan_decode: the fixed split-K grid of a layer (pure host arithmetic).
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
@@ -9,8 +11,24 @@
 
 namespace kvlayer::cuda::detail {
 
+DecodeKernel default_decode_kernel() {
+  const char* env = std::getenv("KVLAYER_DECODE_KERNEL");
+  if (env == nullptr) return DecodeKernel::cuda_core;
+  const std::string_view v(env);
+  if (v == "cuda_core") return DecodeKernel::cuda_core;
+  if (v == "mma") return DecodeKernel::mma;
+  refuse("plan_decode", "KVLAYER_DECODE_KERNEL=", v,
+         " is not a decode kernel (supported: mma, cuda_core)");
+}
+
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count) {
+  return plan_decode(n_kv_heads, head_dim, gqa, max_view_keys, multiprocessor_count,
+                     default_decode_kernel());
+}
+
+DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
+                       int multiprocessor_count, DecodeKernel kernel) {
   const char* op = "plan_decode";
   if (head_dim != 64 && head_dim != 128 && head_dim != 256)
     refuse(op, "head_dim ", head_dim,
@@ -23,22 +41,32 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
     refuse(op, "max_view_keys ", max_view_keys, " is outside [1, 2^31 - 1]");
   if (multiprocessor_count < 1)
     refuse(op, "multiprocessor_count ", multiprocessor_count, " must be at least 1");
+  if (kernel != DecodeKernel::cuda_core && kernel != DecodeKernel::mma)
+    refuse(op, "decode kernel ", int(kernel), " is not a kernel (supported: cuda_core, mma)");
 
   DecodePlan p;
   p.n_kv_heads = n_kv_heads;
   p.head_dim = head_dim;
   p.gqa = gqa;
   p.max_view_keys = max_view_keys;
-  p.tile_keys = decode_tile_keys(head_dim);
-  // Enough (KV head, split) blocks for kDecodeBlocksPerSm per SM at the longest view, but no
-  // split shorter than one tile (it would only add merge work) and no more than the merge holds.
-  const std::int64_t target = std::int64_t(kDecodeBlocksPerSm) * multiprocessor_count;
+  p.kernel = kernel;
+  const bool mma = kernel == DecodeKernel::mma;
+  p.tile_keys = mma ? kDecodeMmaTileKeys : decode_tile_keys(head_dim);
+  // Enough (KV head, split) blocks to fill every SM at the longest view (as many as stay
+  // resident), but no split shorter than one tile (it would only add merge work) and no more
+  // than the merge holds.
+  const int per_sm = mma ? decode_mma_blocks_per_sm(head_dim, gqa) : kDecodeBlocksPerSm;
+  const std::int64_t target = std::int64_t(per_sm) * multiprocessor_count;
   const std::int64_t max_tiles = (max_view_keys + p.tile_keys - 1) / p.tile_keys;
   std::int64_t splits = (target + n_kv_heads - 1) / n_kv_heads;
   splits = std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits));
   p.n_splits = int(splits);
   // keys_per_split grows with the view length, so the longest view bounds every launch.
   p.max_keys_per_split = decode_keys_per_split(max_view_keys, p.n_splits, p.tile_keys);
+  // One rescale per tile of an accumulator's chain; the mma kernel's warps each see every 4th
+  // 16-key tile (max_keys_per_split / 64 of them) and the block merges its 4 warps once more.
+  p.max_rescales =
+      mma ? p.max_keys_per_split / kDecodeMmaTileKeys + 1 : p.max_keys_per_split / p.tile_keys;
   // Per (KV head, split, query head): o[head_dim], m, l — all f32.
   p.scratch_bytes = std::size_t(n_kv_heads) * std::size_t(p.n_splits) * std::size_t(gqa) *
                     std::size_t(head_dim + 2) * sizeof(float);

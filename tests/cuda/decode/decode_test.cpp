@@ -72,15 +72,27 @@ void check_both_modes(DecodeBed& bed, const ref::KvLayer& layer, std::span<const
 // ---- Plan (host arithmetic only: no GPU needed) ----------------------------------------------
 
 TEST(DecodePlan, FillsTheGpuAtLongViews) {
-  const auto p = plan_decode(8, 128, 8, 131072, 132);
+  const auto p = plan_decode(8, 128, 8, 131072, 132, cuda::detail::DecodeKernel::cuda_core);
   EXPECT_EQ(p.tile_keys, 32);
   EXPECT_EQ(p.n_splits, 66);              // 8 heads × 66 = 528 blocks = 4 per SM
   EXPECT_EQ(p.max_keys_per_split, 2016);  // ceil(131072 / 66) = 1986 → whole tiles
   EXPECT_EQ(p.scratch_bytes, std::size_t(8) * 66 * 8 * (128 + 2) * 4);
   // A short view: no split shorter than a tile.
-  const auto s = plan_decode(1, 64, 1, 10, 132);
+  const auto s = plan_decode(1, 64, 1, 10, 132, cuda::detail::DecodeKernel::cuda_core);
   EXPECT_EQ(s.n_splits, 1);
   EXPECT_EQ(s.max_keys_per_split, 64);
+}
+
+TEST(DecodePlan, MmaPlanFillsTheGpu) {
+  using cuda::detail::DecodeKernel;
+  const auto p = plan_decode(8, 128, 8, 131072, 132, DecodeKernel::mma);
+  EXPECT_EQ(p.kernel, DecodeKernel::mma);
+  EXPECT_EQ(p.tile_keys, 64);
+  EXPECT_EQ(p.n_splits, 66);              // 4 blocks per SM at D 128, gqa 8
+  EXPECT_EQ(p.max_keys_per_split, 2048);  // ceil(131072 / 66) = 1986 → whole 64-key tiles
+  EXPECT_EQ(p.max_rescales, 2048 / 64 + 1);
+  EXPECT_EQ(plan_decode(8, 256, 8, 131072, 132, DecodeKernel::mma).n_splits, 33);   // 2 per SM
+  EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 50);  // 3 per SM
 }
 
 TEST(DecodePlan, PartitionCoversEveryViewExactly) {

@@ -1,0 +1,493 @@
+// Split-K flash-decoding on tensor cores (SPEC §8): K q8_0, V q5_1, one query token.
+// Same contract as decode.cu's split kernel: grid (n_splits, n_kv_heads), the same partition of
+// the live view, the same partial format (o, m, l) in scratch, the same device-mode checks; the
+// merge kernel of decode.cu serves both.
+//
+// ---- Declared internal precision (reference/.../accuracy.hpp derives the bound from it) -------
+//  (1) q is rounded once to fp16 (RNE). K quants are int8, exact in fp16 (converted by the
+//      0x6400 exponent trick: fp16(1024 + 128 + q) − 1152, exact). Per 32-value block the dot
+//      Σ_j q̃_j·qs_j is accumulated in f32 by two mma.sync m16n8k16 (16 products each, f32
+//      accumulator; products of fp16 operands are exact), × f32(d) (__fmul_rn), and the
+//      head_dim/32 block results are summed in f32 in block order (__fadd_rn); score = dot ×
+//      scale (__fmul_rn). NOTE: the tensor core adds the 16 products and the accumulator with
+//      its own internal f32 alignment (not a sequence of IEEE adds); the bound's (D + 4)·u32
+//      for the dot assumes no more than ~D f32 roundings' worth of error, which two 17-term
+//      additions per block stay far inside in practice (see bench/NOTES.md).
+//  (2) Online softmax in f32 per warp, one max update per 16-key warp tile: m' = max(m, tile
+//      max), α = exp2f((m − m')·log2e) (exactly 1 when m' == m), p = exp2f((s − m')·log2e), IEEE
+//      exp2f. m starts at the finite sentinel −FLT_MAX; fmaxf ignores NaN scores, so m stays
+//      finite and a NaN score (canonical bad block) reaches the output through p.
+//  (3) p is rounded to fp16 (RNE) as the A operand of PV; V is dequantized per SPEC §4 in f32
+//      (__fmul_rn(d, q) is exact, __fadd_rn(·, m) rounds once: the reference's value), then
+//      rounded to fp16 (RNE) as the B operand. PV accumulates in f32 (mma accumulators, one per
+//      (query head, column)). The row sum l uses the unrounded f32 p: per lane l·α + (4 keys),
+//      the 4 lanes of a row summed by an xor butterfly at the end.
+//  (4) The block merges its 4 warps in f32 (M = max m_w, w_w = exp2f((m_w − M)·log2e), warps in
+//      order) into one partial, then the merge kernel merges splits as for decode.cu. Per
+//      accumulator: ≤ max_keys_per_split/4 keys per warp + 4 warp terms ≤ max_keys_per_split
+//      sequential terms, and max_keys_per_split/64 + 1 rescales (DecodePlan::max_rescales).
+//
+// ---- Design ---------------------------------------------------------------------------------
+// Block = 4 independent warps; warp w owns the 16-key warp tiles w, w + 4, w + 8, … of the
+// split (so the partition granule is 64 keys) with its own online-softmax state and its own
+// 3-stage cp.async pipeline in shared memory (no block barrier until the final merge).
+// Per 16-key warp tile, M = 16 query-head rows (gqa ≤ 8 uses rows 0..7; the rest are zero q):
+//  QK: S[16 heads × 8 keys] per n-tile; A = q̃ fragments held in registers for the whole split,
+//      B = K quants of key n = groupID. Within a block the 32 dims are assigned to the mma's k
+//      slots by a fixed permutation (the same for q and K, so the dot is unchanged) such that a
+//      thread's 4 k slots of one k-step are one aligned 32-bit shared word (see k_slot_quant).
+//  softmax: the C fragment (rows g, g+8; keys 2t, 2t+1 of each n-tile) is exactly the A
+//      fragment of PV (FlashAttention-2 register reuse): no shared-memory round trip for p.
+//  PV: O[16 heads × 8 cols] per n-tile j (columns 32b + 8jj + n, jj = j % 4); B = V values of
+//      keys 2t, 2t+1, 2t+8, 2t+9 at column 32b + 8jj + groupID, dequantized from shared memory.
+// Shared-memory rows are padded so that every fragment load of a warp is conflict-free: K rows
+// of 20/36/76 words (D 64/128/256: 4·odd words, so 8 keys × 4 lanes hit 32 banks), V rows of
+// 12/28/52 words (4·odd: the 4 keys a load touches land 8 banks apart).
+// Partial warp tiles (the split's end) are zero-filled past the last key, so no stale or
+// uninitialised byte ever reaches an mma (0 × NaN would poison a row).
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decode/decode.hpp"
+#include "decode/decode_common.cuh"
+#include "decode/partition.hpp"
+#include "device_status.cuh"
+
+namespace kvlayer::cuda::detail::decode_impl {
+namespace {
+
+constexpr int kThreads = kDecodeThreads;  // 4 warps
+constexpr int kWarps = kDecodeMmaWarps;
+constexpr int kWK = kDecodeMmaWarpKeys;  // keys per warp tile
+constexpr int kStages = 3;
+static_assert(kThreads == 32 * kWarps && kWK == 16);
+
+/// Compile-time layout of one head dim.
+template <int D>
+struct MmaShape {
+  static_assert(D == 64 || D == 128 || D == 256, "supported head dims: 64, 128, 256");
+  static constexpr int kBlocks = D / 32;        ///< 32-value blocks per head
+  static constexpr int kKBytes = kBlocks * 34;  ///< K span of one head in a row
+  static constexpr int kVBytes = kBlocks * 24;  ///< V span of one head in a row
+  static constexpr int kKChunk = kKBytes / 17;  ///< 4, 8, 16: the K span's alignment
+  static constexpr int kVChunks = kVBytes / 16;
+  /// Shared row strides (bytes): 4·odd words (bank-conflict-free fragments, see the header),
+  /// multiples of the copy sizes.
+  static constexpr int kKStride = D == 64 ? 80 : D == 128 ? 144 : 304;
+  static constexpr int kVStride = D == 64 ? 48 : D == 128 ? 112 : 208;
+  static constexpr int kKRegion = kWK * kKStride;
+  static constexpr int kStageBytes = kWK * (kKStride + kVStride);
+  static constexpr int kSmemBytes = kWarps * kStages * kStageBytes;
+  /// Final merge, reusing the stages: m, l, weights [warp][16] and o [warp][16][kOStride].
+  static constexpr int kOStride = D + 8;
+  static constexpr int kMergeBytes = (3 * kWarps * 16 + kWarps * 16 * kOStride) * 4;
+  static_assert(kKStride >= kKBytes && kKStride % kKChunk == 0 && (kKStride / 4) % 8 == 4);
+  static_assert(kVStride >= kVBytes && kVStride % 16 == 0 && (kVStride / 4) % 8 == 4);
+  static_assert(kKChunk * 17 == kKBytes && kVChunks * 16 == kVBytes);
+  static_assert(kKRegion % 16 == 0 && kStageBytes % 16 == 0);
+  static_assert(kMergeBytes <= kSmemBytes);
+};
+
+/// The quant index (0..31 within its block) that k slot (t, h, e) of k-step ks holds for a
+/// block of parity `odd`: t = threadID_in_group, h = 0 for k slots 2t + e, 1 for 2t + 8 + e.
+/// Both operands use it, so Σ_k A·B is the block's dot in a permuted order.
+///  Odd blocks (quants 4-byte aligned in shared memory): word u = 4·ks + t holds quants
+///    4u..4u+3; half h of it holds 4u + 2h + e.
+///  Even blocks (quants at 2 mod 4): aligned word W_i (i ≥ 1) holds quants 4i−2..4i+1, W_0
+///    holds d and quants 0, 1, W_8 quants 30, 31. Slot s = 4·ks + t < 7 is word W_{s+1}
+///    (quants 4s+2+2h+e); slot 7 is (W_0's high half, W_8's low half): quants 0, 1 and 30, 31.
+__host__ __device__ constexpr int k_slot_quant(bool odd, int ks, int t, int h, int e) {
+  const int s = 4 * ks + t;
+  if (odd) return 4 * s + 2 * h + e;
+  if (s < 7) return 4 * s + 2 + 2 * h + e;
+  return h == 0 ? e : 30 + e;
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
+                                          unsigned a3, unsigned b0, unsigned b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/// The same with rows g + 8 of A zero and their results discarded (gqa ≤ 8): only c0, c1
+/// (row g) are kept, so no registers hold the padding rows' accumulators.
+__device__ __forceinline__ void mma_16816_top(float (&c)[2], unsigned a0, unsigned a2, unsigned b0,
+                                              unsigned b1) {
+  [[maybe_unused]] float d2, d3;  // rows g + 8: padding, discarded
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %11, %12, %13};\n"
+      : "=f"(c[0]), "=f"(c[1]), "=f"(d2), "=f"(d3)
+      : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(0.0f),
+        "f"(0.0f));
+}
+
+__device__ __forceinline__ unsigned h2_bits(__half2 h) {
+  return *reinterpret_cast<unsigned*>(&h);
+}
+
+/// fp16x2 of (lo, hi), each rounded to nearest even; lo in the low half (the lower k/n index).
+__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
+  return h2_bits(__floats2half2_rn(lo, hi));
+}
+
+/// Four int8 quants (one 32-bit word) → two fp16x2 (bytes 0,1 and bytes 2,3), exactly:
+/// fp16 bits 0x64xx = 1024 + xx, with xx = q + 128 (sign bit flipped), minus 1152.
+__device__ __forceinline__ void int8x4_to_f16x2x2(unsigned w, unsigned& lo, unsigned& hi) {
+  const unsigned u = w ^ 0x80808080u;
+  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
+  unsigned l = __byte_perm(u, 0x64646464u, 0x4140);
+  unsigned h = __byte_perm(u, 0x64646464u, 0x4342);
+  lo = h2_bits(__hsub2(*reinterpret_cast<__half2*>(&l), bias));
+  hi = h2_bits(__hsub2(*reinterpret_cast<__half2*>(&h), bias));
+}
+
+/// One block per (split, KV head). GM: mma rows in use (8 when gqa ≤ 8: rows g + 8 are padding
+/// and skipped; else 16).
+template <int D, int GM>
+__global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
+    decode_split_mma_kernel(const SplitParams p) {
+  using S = MmaShape<D>;
+  constexpr int NB = S::kBlocks;
+  constexpr int NT = D / 8;  // PV n-tiles
+  constexpr bool kHi = GM == 16;
+  constexpr int kC = kHi ? 4 : 2;  // accumulator registers kept per n-tile
+  extern __shared__ __align__(16) std::uint8_t smem[];
+
+  const int split = blockIdx.x;
+  const int kv = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
+  const int G = p.gqa;
+
+  const View view = resolve_view(p.view);
+  if (view.error) {
+    if (split == 0 && kv == 0 && tid == 0)
+      record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
+    return;  // block-uniform: no barrier has been reached yet
+  }
+  const long long n = view.end - view.begin;
+  if (n <= 0) return;  // the merge writes the all-zero output
+
+  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, G, D);
+  const long long part = (long long)kv * p.n_splits + split;  // partial index
+  float* part_o = scratch.o + part * G * D;
+  float* part_m = scratch.m + part * G;
+  float* part_l = scratch.l + part * G;
+
+  const long long kps = decode_keys_per_split(n, p.n_splits, kDecodeMmaTileKeys);
+  const long long lo = view.begin + split * kps;
+  const long long hi = lo + kps < view.end ? lo + kps : view.end;
+  if (lo >= hi) {
+    // Past the view: an empty partial (m = sentinel, l = 0, o = 0) so scratch is always whole.
+    for (int i = tid; i < G * D; i += kThreads) part_o[i] = 0.0f;
+    for (int h = tid; h < G; h += kThreads) {
+      part_m[h] = kNegSentinel;
+      part_l[h] = 0.0f;
+    }
+    return;
+  }
+
+  // ---- q̃ as A fragments, for the whole split: qa[b][ks][r], r = a0..a3 of the PTX layout. ----
+  // a0: row g, slots 2t+e; a1: row g+8, slots 2t+e; a2: row g, 2t+8+e; a3: row g+8, 2t+8+e.
+  unsigned qa[NB][2][kHi ? 4 : 2];
+  {
+    const float* q_kv = p.q + (long long)kv * G * D;
+#pragma unroll
+    for (int b = 0; b < NB; ++b)
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+        for (int r = 0; r < (kHi ? 4 : 2); ++r) {
+          // Register r (compact for GM 8: 0 → a0, 1 → a2).
+          const int row = g + (kHi ? 8 * (r & 1) : 0);
+          const int h = kHi ? r >> 1 : r;
+          float x[2] = {0.0f, 0.0f};
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int quant = k_slot_quant(b & 1, ks, t, h, e);
+            if (row < G) x[e] = q_kv[row * D + 32 * b + quant];
+          }
+          qa[b][ks][r] = pack_f16x2(x[0], x[1]);
+        }
+  }
+
+  // Even blocks, k-step 1: thread t < 3 takes word W_{5+t}; t = 3 joins W_0 and W_8.
+  const int ev_a = t < 3 ? 5 + t : 0, ev_b = t < 3 ? 5 + t : 8;
+  const unsigned ev_sel = t < 3 ? 0x3210u : 0x5432u;
+
+  const std::uint8_t* k_head = p.k_plane + (long long)kv * S::kKBytes;
+  const std::uint8_t* v_head = p.v_plane + (long long)kv * S::kVBytes;
+  const long long n_keys = hi - lo;
+  const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);                 // warp tiles
+  const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;  // this warp's
+  std::uint8_t* wsmem = smem + warp * kStages * S::kStageBytes;
+
+  // Issues the copies of this warp's i-th tile (global warp tile warp + 4i) into its stage and
+  // zero-fills the rows past the split's last key; always commits a group (wait counts tiles).
+  auto issue = [&](int i) {
+    if (i < my_tiles) {
+      const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
+      const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
+      const long long row0 = key0 - view.base;  // physical row of the tile's first key
+      std::uint8_t* kd = wsmem + (i % kStages) * S::kStageBytes;
+      std::uint8_t* vd = kd + S::kKRegion;
+      for (int c = lane; c < valid * 17; c += 32) {
+        const int k = c / 17, j = c % 17;
+        cp_async<S::kKChunk>(kd + k * S::kKStride + j * S::kKChunk,
+                             k_head + (row0 + k) * p.k_tok_bytes + j * S::kKChunk);
+      }
+      for (int c = lane; c < valid * S::kVChunks; c += 32) {
+        const int k = c / S::kVChunks, j = c % S::kVChunks;
+        cp_async<16>(vd + k * S::kVStride + j * 16, v_head + (row0 + k) * p.v_tok_bytes + j * 16);
+      }
+      if (valid < kWK) {
+        // Plain stores; ordered before the reads by the __syncwarp of the consuming iteration.
+        for (int c = valid * S::kKStride / 4 + lane; c < kWK * S::kKStride / 4; c += 32)
+          reinterpret_cast<unsigned*>(kd)[c] = 0u;
+        for (int c = valid * S::kVStride / 4 + lane; c < kWK * S::kVStride / 4; c += 32)
+          reinterpret_cast<unsigned*>(vd)[c] = 0u;
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Per-warp state. Row r = 0: head g; r = 1: head g + 8 (GM 16 only).
+  constexpr int R = kHi ? 2 : 1;
+  float m_run[R], l_run[R];  // m identical in the 4 lanes of a row; l per lane (its keys)
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    m_run[r] = kNegSentinel;
+    l_run[r] = 0.0f;
+  }
+  float o[NT][kC];
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int e = 0; e < kC; ++e) o[j][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) issue(s);
+
+  for (int i = 0; i < my_tiles; ++i) {
+    cp_async_wait<kStages - 2>();  // this lane's copies of tile i have landed
+    __syncwarp();                  // every lane's have; every lane finished tile i − 1
+    issue(i + kStages - 1);        // reuses the stage of tile i − 1
+
+    const std::uint8_t* ks_base = wsmem + (i % kStages) * S::kStageBytes;
+    const std::uint8_t* vs_base = ks_base + S::kKRegion;
+    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
+    const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
+
+    // ---- QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index). ----
+    float s[2][kC];
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const std::uint8_t* krow = ks_base + (8 * nt + g) * S::kKStride;       // B: key n = g
+      const std::uint8_t* drow0 = ks_base + (8 * nt + 2 * t) * S::kKStride;  // C: keys 2t, 2t+1
+      const std::uint8_t* drow1 = drow0 + S::kKStride;
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        unsigned z[2];
+        if (b & 1) {
+          const unsigned* u = reinterpret_cast<const unsigned*>(krow + 34 * b + 2);
+          z[0] = u[t];
+          z[1] = u[4 + t];
+        } else {
+          const unsigned* w = reinterpret_cast<const unsigned*>(krow + 34 * b);
+          z[0] = w[1 + t];
+          z[1] = __byte_perm(w[ev_a], w[ev_b], ev_sel);
+        }
+        float c[kC] = {};
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          unsigned b0, b1;
+          int8x4_to_f16x2x2(z[ks], b0, b1);
+          if constexpr (kHi)
+            mma_16816(c, qa[b][ks][0], qa[b][ks][1], qa[b][ks][2], qa[b][ks][3], b0, b1);
+          else
+            mma_16816_top(c, qa[b][ks][0], qa[b][ks][1], b0, b1);
+        }
+        const float d0 = f16_bits(*reinterpret_cast<const unsigned short*>(drow0 + 34 * b));
+        const float d1 = f16_bits(*reinterpret_cast<const unsigned short*>(drow1 + 34 * b));
+#pragma unroll
+        for (int e = 0; e < kC; ++e) {
+          const float x = __fmul_rn(c[e], (e & 1) ? d1 : d0);
+          s[nt][e] = b == 0 ? x : __fadd_rn(s[nt][e], x);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kC; ++e) s[nt][e] = __fmul_rn(s[nt][e], p.scale);
+    }
+
+    // ---- Online softmax of the tile, per row. p[nt][c] in the C layout. ----
+    float pr[2][kC] = {};
+    float alpha[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      float top = kNegSentinel;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (8 * nt + 2 * t + e < valid) top = fmaxf(top, s[nt][2 * r + e]);
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
+      const float m_new = fmaxf(m_run[r], top);
+      alpha[r] = m_new == m_run[r] ? 1.0f : exp2f((m_run[r] - m_new) * kLog2e);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (8 * nt + 2 * t + e < valid) {
+            pr[nt][2 * r + e] = exp2f((s[nt][2 * r + e] - m_new) * kLog2e);
+            sum += pr[nt][2 * r + e];
+          }
+      l_run[r] = l_run[r] * alpha[r] + sum;
+      m_run[r] = m_new;
+    }
+    bool rescale = alpha[0] != 1.0f;
+    if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
+    if (__any_sync(kFullMask, rescale)) {
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < kC; ++e) o[j][e] *= alpha[e >> 1];
+    }
+
+    // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
+    const unsigned pa0 = pack_f16x2(pr[0][0], pr[0][1]);
+    const unsigned pa2 = pack_f16x2(pr[1][0], pr[1][1]);
+    unsigned pa1 = 0u, pa3 = 0u;
+    if constexpr (kHi) {
+      pa1 = pack_f16x2(pr[0][kC - 2], pr[0][kC - 1]);
+      pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
+    }
+
+    // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g], fp16 of the f32 value. --
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      float v[4][4];  // [key 2t, 2t+1, 2t+8, 2t+9][jj]
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const int key = 2 * t + (kk & 1) + 8 * (kk >> 1);
+        const std::uint8_t* blk = vs_base + key * S::kVStride + 24 * b;
+        const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
+        const float d = f16_bits(hdr.x & 0xffffu), m = f16_bits(hdr.x >> 16);
+        // Bytes qs[g] (quants g | g+16 << 4) and qs[g+8] (quants g+8 | g+24 << 4).
+        const unsigned x = unsigned(blk[8 + g]) | (unsigned(blk[16 + g]) << 8);
+        // Byte jj of q5 = quant g + 8jj: low nibbles, high nibbles, then bit g + 8jj of qh.
+        const unsigned q5 = ((x | (x << 12)) & 0x0f0f0f0fu) | (((hdr.y >> g) << 4) & 0x10101010u);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          // 2^23 + q as f32 bits, minus 2^23: q exactly.
+          const float qf =
+              __fsub_rn(__uint_as_float(__byte_perm(q5, 0x4b000000u, 0x7440u | jj)), 8388608.0f);
+          v[kk][jj] = __fadd_rn(__fmul_rn(d, qf), m);
+        }
+      }
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const unsigned b0 = pack_f16x2(v[0][jj], v[1][jj]);
+        const unsigned b1 = pack_f16x2(v[2][jj], v[3][jj]);
+        if constexpr (kHi)
+          mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, b0, b1);
+        else
+          mma_16816_top(o[4 * b + jj], pa0, pa2, b0, b1);
+      }
+    }
+  }
+  cp_async_wait<0>();  // only empty groups can remain; keep the block's exit clean anyway
+
+  // ---- Merge the 4 warps into the split's partial (shared memory reuses the stages). ----
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    l_run[r] += __shfl_xor_sync(kFullMask, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(kFullMask, l_run[r], 2);
+  }
+  __syncthreads();                              // every warp is done with its stages
+  float* m_s = reinterpret_cast<float*>(smem);  // [warp][16]
+  float* l_s = m_s + kWarps * 16;               // [warp][16]
+  float* w_s = l_s + kWarps * 16;               // [warp][16]
+  float* o_s = w_s + kWarps * 16;               // [warp][16][kOStride]
+  if (t == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      m_s[warp * 16 + g + 8 * r] = m_run[r];
+      l_s[warp * 16 + g + 8 * r] = l_run[r];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int col = 32 * (j / 4) + 8 * (j % 4) + 2 * t;
+      *reinterpret_cast<float2*>(o_s + (warp * 16 + g + 8 * r) * S::kOStride + col) =
+          make_float2(o[j][2 * r], o[j][2 * r + 1]);
+    }
+  __syncthreads();
+  if (tid < G) {
+    float top = kNegSentinel;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w * 16 + tid]);
+    float den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = m_s[w * 16 + tid];
+      const float wt = mw == top ? 1.0f : exp2f((mw - top) * kLog2e);
+      w_s[w * 16 + tid] = wt;
+      den = fmaf(l_s[w * 16 + tid], wt, den);
+    }
+    part_m[tid] = top;
+    part_l[tid] = den;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * D; i += kThreads) {
+    const int h = i / D, col = i % D;
+    float num = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      num = fmaf(o_s[(w * 16 + h) * S::kOStride + col], w_s[w * 16 + h], num);
+    part_o[i] = num;
+  }
+}
+
+template <int D, int GM>
+cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  constexpr int smem = MmaShape<D>::kSmemBytes;
+  if constexpr (smem > 48 * 1024) {
+    // NOTE: not a stream operation (legal while capturing); set per launch so every device
+    // the process uses gets it.
+    const cudaError_t err = cudaFuncSetAttribute(decode_split_mma_kernel<D, GM>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (err != cudaSuccess) return err;
+  }
+  decode_split_mma_kernel<D, GM><<<grid, kThreads, smem, stream>>>(sp);
+  return cudaGetLastError();
+}
+
+template <int D>
+cudaError_t launch_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  return sp.gqa <= 8 ? launch<D, 8>(sp, grid, stream) : launch<D, 16>(sp, grid, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3 grid,
+                             cudaStream_t stream) {
+  switch (plan.head_dim) {
+    case 64:
+      return launch_for_dim<64>(sp, grid, stream);
+    case 128:
+      return launch_for_dim<128>(sp, grid, stream);
+    default:
+      return launch_for_dim<256>(sp, grid, stream);
+  }
+}
+
+}  // namespace kvlayer::cuda::detail::decode_impl
