@@ -20,6 +20,7 @@ origin=${2:-}
 out=${OUT:-$PWD/device-check-out}
 test_timeout=${KVLAYER_TEST_TIMEOUT:-240}
 sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-200}
+sanitize_cases=${KVLAYER_SANITIZE_GPU_CASES:-25}  # model-based cases under each sanitizer
 mkdir -p "$out"
 work=$(mktemp -d)
 results="$work/results"
@@ -93,6 +94,8 @@ filter_for() {  # TOOL BINARY -> gtest filter ("" = do not sanitize this binary)
       echo 'CudaAppend.DataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*' ;;
     */kvlayer_decode_test)
       echo 'DecodeEdge.*:DecodeDeterminism.*' ;;
+    memcheck/test_model_cuda | racecheck/test_model_cuda | initcheck/test_model_cuda)
+      echo 'ModelCuda.*' ;;  # with KVLAYER_GPU_CASES=$sanitize_cases random cases
     *) echo '' ;;
   esac
 }
@@ -103,6 +106,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         filter=$(filter_for "$tool" "${b##*/}")
         [[ -n "$filter" ]] || continue
         run_step "$tool ${b##*/}" "$work/logs/${tool}_${b##*/}.log" "$sanitize_timeout" \
+          env KVLAYER_GPU_CASES="$sanitize_cases" \
           compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$b" --gtest_color=no --gtest_filter="$filter"
       done

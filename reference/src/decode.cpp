@@ -42,13 +42,13 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view)
   HeadCache c{MatrixXdR(n, g.head_dim_k), MatrixXdR(n, g.head_dim_v), MatrixXdR(n, g.head_dim_v)};
   for (std::int64_t t = 0; t < n; ++t) {
     const std::int64_t phys = view.begin + t - view.base;
-    const auto k = layer.dequantized_row(Plane::k, phys);
-    const auto v = layer.dequantized_row(Plane::v, phys);
-    for (int d = 0; d < g.head_dim_k; ++d) c.k(t, d) = k[std::size_t(kv_head * g.head_dim_k + d)];
+    const auto k = layer.dequantized_head(Plane::k, phys, kv_head);
+    const auto v = layer.dequantized_head(Plane::v, phys, kv_head);
+    for (int d = 0; d < g.head_dim_k; ++d) c.k(t, d) = k[std::size_t(d)];
     for (int b = 0; b < g.head_dim_v; b += kBlockValues) {
       double block_max = 0;
       for (int j = 0; j < kBlockValues; ++j) {
-        const double x = v[std::size_t(kv_head * g.head_dim_v + b + j)];
+        const double x = v[std::size_t(b + j)];
         c.v(t, b + j) = x;
         block_max = std::max(block_max, std::fabs(x));
       }

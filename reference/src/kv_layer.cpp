@@ -185,4 +185,19 @@ std::vector<float> KvLayer::dequantized_row(Plane plane, std::int64_t physical_r
   return out;
 }
 
+std::vector<float> KvLayer::dequantized_head(Plane plane, std::int64_t physical_row,
+                                             int kv_head) const {
+  const bool is_k = plane == Plane::k;
+  const std::int64_t tok = is_k ? geometry_.k_tok_bytes() : geometry_.v_tok_bytes();
+  const int head_dim = is_k ? geometry_.head_dim_k : geometry_.head_dim_v;
+  const std::int64_t head_bytes = head_dim / kBlockValues * (is_k ? kQ8_0BlockBytes : kQ5_1BlockBytes);
+  std::vector<float> out(static_cast<std::size_t>(head_dim));
+  const auto& bytes = is_k ? k_plane_ : v_plane_;
+  dequantize_row(is_k ? BlockType::q8_0 : BlockType::q5_1,
+                 std::span<const std::uint8_t>(bytes.data() + physical_row * tok + kv_head * head_bytes,
+                                               std::size_t(head_bytes)),
+                 out);
+  return out;
+}
+
 }  // namespace kvlayer::ref

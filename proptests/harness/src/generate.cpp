@@ -173,7 +173,7 @@ Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads) {
   const int gqa = *rc::gen::inRange(1, 17);
   *n_q_heads = g.n_kv_heads * gqa;
   g.max_ctx = *rc::gen::inRange<std::int64_t>(1, limits.max_ctx + 1);
-  const int layout = *rc::gen::inRange(0, 3);  // 0 flat, 1 flat windowed, 2 ring
+  const int layout = *rc::gen::element(0, 1, 2);  // flat, flat windowed, ring: uniformly
   if (layout == 1) g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, g.max_ctx + 8));
   if (layout == 2) {
     // Mostly rings much shorter than max_ctx, so that they rebase many times per case.

@@ -115,6 +115,8 @@ class KvLayer {
 
   /// Dequantized K (or V) of one physical row, all heads: kv_dim values.
   std::vector<float> dequantized_row(Plane plane, std::int64_t physical_row) const;
+  /// Dequantized K (or V) of one KV head of one physical row: head_dim values.
+  std::vector<float> dequantized_head(Plane plane, std::int64_t physical_row, int kv_head) const;
 
  private:
   void check_rows(const RowsView& rows, const char* operation) const;
