@@ -24,7 +24,7 @@ printf '%-8s %8s %10s %9s %12s %s\n' seed cases cases/min failures bytes "worst 
 for f in "$out"/campaign/fuzz-*.log; do
   seed=${f##*/fuzz-}
   seed=${seed%.log}
-  cases=$(awk '$1 == "cases" {print $2}' "$f")
+  cases=$(awk '$1 == "cases" && NF == 2 {print $2}' "$f")
   rate=$(awk '$1 == "cases" && $2 == "per" {print $4}' "$f")
   fails=$(awk '$1 == "failures" {print $2}' "$f")
   bytes=$(awk '$1 == "bytes" && $2 == "compared" {print $3}' "$f")
