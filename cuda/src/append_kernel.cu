@@ -128,4 +128,6 @@ cudaError_t launch_append(const AppendArgs& a, AppendMode mode, cudaStream_t str
   return cudaErrorInvalidValue;
 }
 
+KVLAYER_DEFINE_MUTANT_SETTER(set_append_mutant)
+
 }  // namespace kvlayer::cuda::detail

@@ -18,6 +18,7 @@
 #include "device_status.cuh"
 #include "kvlayer/error.hpp"
 #include "plane_layout.hpp"
+#include "mutants.hpp"
 #include "rebase.hpp"
 #include "ring_plan.hpp"
 
@@ -110,14 +111,16 @@ struct KvLayer::State {
     if (!p.rebase) return;
     const std::int64_t shift = p.retain - base;  // > 0: a rebase always drops rows
     if (shift > 0 && p.keep > 0) {
+      // (planted bug: the move forgets the last kept row)
+      const std::int64_t moved = KVLAYER_HOST_MUTANT(rebase_off_by_one) ? p.keep - 1 : p.keep;
       const detail::PlaneMove k{k_plane.as<std::uint8_t>(), shift * g.k_tok_bytes(),
-                                p.keep * g.k_tok_bytes()};
+                                moved * g.k_tok_bytes()};
       const detail::PlaneMove v{v_plane.as<std::uint8_t>(), shift * g.v_tok_bytes(),
-                                p.keep * g.v_tok_bytes()};
+                                moved * g.v_tok_bytes()};
       check_cuda(detail::launch_rebase(k, v, stream), "launch_rebase");
     }
     base = p.retain;
-    set_counters(-1, base);
+    if (!KVLAYER_HOST_MUTANT(base_d_not_updated)) set_counters(-1, base);
   }
 
   AppendArgs append_args(const RowsView& r) const {
@@ -176,6 +179,7 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream)
   State& s = *s_;
   geometry.validate();
   check_supported(geometry, n_q_heads);
+  detail::arm_device_mutants();  // no-op unless built with KVLAYER_MUTANTS
   s.g = geometry;
   s.n_q_heads = n_q_heads;
   s.stream = stream;
@@ -254,7 +258,7 @@ bool KvLayer::can_rewind_to(std::int64_t p) const {
 void KvLayer::rewind(std::int64_t new_len) {
   State& s = *s_;
   detail::check_rewind(s.g, s.len, s.base, new_len);
-  s.set_counters(new_len, -1);
+  if (!KVLAYER_HOST_MUTANT(rewind_forgets_len_d)) s.set_counters(new_len, -1);
   s.len = new_len;
 }
 

@@ -16,6 +16,8 @@
 
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
+
+#include "mutants.cuh"
 #define KVLAYER_WARP_FN __device__ __forceinline__
 #elif defined(KVLAYER_WARP_EMULATION)
 #define KVLAYER_WARP_FN inline
@@ -47,9 +49,11 @@ KVLAYER_WARP_FN unsigned bits(float x) {
   return __float_as_uint(x);
 }
 KVLAYER_WARP_FN float div_rn(float a, float b) {
+  if (KVLAYER_DEVICE_MUTANT(fast_math_quantization)) return __fdividef(a, b);  // planted bug
   return __fdiv_rn(a, b);
 }
 KVLAYER_WARP_FN float rcp_rn(float a) {
+  if (KVLAYER_DEVICE_MUTANT(fast_math_quantization)) return __fdividef(1.0f, a);  // planted bug
   return __frcp_rn(a);
 }
 KVLAYER_WARP_FN float sub_rn(float a, float b) {
@@ -172,9 +176,15 @@ KVLAYER_WARP_FN bool quantize_q5_1_warp(float x, std::uint8_t* blk, int lane, fl
     if (qw::is_finite(d) && !qw::is_inf_half(dh) && !qw::is_inf_half(mh)) {
       const float id = qw::safe_reciprocal(d);
       const float scaled = ops::mul_rn(ops::sub_rn(x, lo), id);  // one f32 multiply ...
-      const float shifted = ops::add_rn(scaled, 0.5f);           // ... then one add, never fused
+      float shifted = ops::add_rn(scaled, 0.5f);                 // ... then one add, never fused
+#if defined(KVLAYER_MUTANTS) && defined(__CUDACC__)
+      if (KVLAYER_DEVICE_MUTANT(q5_1_fma)) shifted = __fmaf_rn(ops::sub_rn(x, lo), id, 0.5f);
+#endif
       const unsigned q = static_cast<unsigned>(shifted);         // truncation; 0 ≤ q ≤ 31
-      const unsigned qh = ops::ballot(((q >> 4) & 1u) != 0);
+      unsigned qh = ops::ballot(((q >> 4) & 1u) != 0);
+#if defined(KVLAYER_MUTANTS) && defined(__CUDACC__)
+      if (KVLAYER_DEVICE_MUTANT(qh_bit_order)) qh = __brev(qh);  // planted bug
+#endif
       const unsigned q_hi = ops::shfl_down(q, 16);
       if (lane < 16) blk[8 + lane] = static_cast<std::uint8_t>((q & 0xFu) | ((q_hi & 0xFu) << 4));
       if (lane == 0) {

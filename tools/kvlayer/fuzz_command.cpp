@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -145,6 +146,8 @@ int run_fuzz(const std::vector<std::string>& args) {
       (long long)config.cases,
       config.minutes > 0 ? (" or " + std::to_string(config.minutes) + " minutes").c_str() : "");
   std::printf("  %s\n", choice.description.c_str());
+  if (const char* m = std::getenv("KVLAYER_MUTANT"); m != nullptr && *m != '\0')
+    std::printf("  planted mutant armed: %s (a KVLAYER_MUTANTS=ON build)\n", m);
   Progress progress(config.cases, config.minutes);
   config.on_progress = [&](std::int64_t done, const harness::Stats& s) {
     progress.update(done, s);

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 
   const long long kps = decode_keys_per_split(n, p.n_splits, T);
   const long long lo = view.begin + split * kps;
-  const long long hi = lo + kps < view.end ? lo + kps : view.end;
+  const long long hi = split_end(lo, kps, view.end);
   if (lo >= hi) {
     // Past the view: an empty partial (m = sentinel, l = 0, o = 0) so scratch is always whole.
     for (int i = tid; i < G * D; i += kThreads) part_o[i] = 0.0f;
@@ -481,5 +481,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                         static_cast<unsigned>(plan.head_dim), 0, stream>>>(mp);
   return cudaGetLastError();
 }
+
+KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mutant)
 
 }  // namespace kvlayer::cuda::detail

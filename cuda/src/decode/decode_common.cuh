@@ -4,6 +4,8 @@
 // decode.cu so that both kernels obey one definition.
 #pragma once
 
+#include "mutants.cuh"
+
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -51,6 +53,8 @@ __device__ inline View resolve_view(const ViewParams& p) {
   v.base = base;
   v.end = v.len;
   v.begin = p.window > 0 ? (v.len - p.window > 0 ? v.len - p.window : 0) : 0;
+  if (KVLAYER_DEVICE_MUTANT(decode_window_off_by_one) && p.window > 0 && v.begin < v.len)
+    ++v.begin;  // planted bug: one key too few
   if (p.len_d != nullptr) {
     if (v.len < 0 || v.len > p.max_ctx) {
       v.error = true;
@@ -64,6 +68,13 @@ __device__ inline View resolve_view(const ViewParams& p) {
     }
   }
   return v;
+}
+
+/// End of the keys [lo, ·) a split attends: lo + kps, clipped to the view.
+__device__ inline long long split_end(long long lo, long long kps, long long view_end) {
+  const long long hi = lo + kps < view_end ? lo + kps : view_end;
+  if (KVLAYER_DEVICE_MUTANT(split_drops_last_key) && hi > lo) return hi - 1;  // planted bug
+  return hi;
 }
 
 /// Partial results of one (KV head, split): o[gqa][D], m[gqa], l[gqa] at fixed offsets.

@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 
   const long long kps = decode_keys_per_split(n, p.n_splits, kDecodeMmaTileKeys);
   const long long lo = view.begin + split * kps;
-  const long long hi = lo + kps < view.end ? lo + kps : view.end;
+  const long long hi = split_end(lo, kps, view.end);
   if (lo >= hi) {
     // Past the view: an empty partial (m = sentinel, l = 0, o = 0) so scratch is always whole.
     for (int i = tid; i < G * D; i += kThreads) part_o[i] = 0.0f;
@@ -489,5 +489,7 @@ cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3
       return launch_for_dim<256>(sp, grid, stream);
   }
 }
+
+KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mma_mutant)
 
 }  // namespace kvlayer::cuda::detail::decode_impl
