@@ -490,6 +490,8 @@ cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3
   }
 }
 
-KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mma_mutant)
-
 }  // namespace kvlayer::cuda::detail::decode_impl
+
+namespace kvlayer::cuda::detail {
+KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mma_mutant)
+}  // namespace kvlayer::cuda::detail
