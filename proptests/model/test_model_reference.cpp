@@ -6,6 +6,11 @@
 
 #include "kvlayer/harness/generate.hpp"
 #include "kvlayer/harness/replay_file.hpp"
+#include "kvlayer/harness/row_data.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <cmath>
 
 namespace kvlayer::harness {
 namespace {
@@ -14,6 +19,36 @@ RC_GTEST_PROP(ModelReference, RandomSequencesKeepEveryInvariant, ()) {
   PropertyOptions options;
   options.replay_path = "model-reference-failure.json";
   model_based_property(options);
+}
+
+/// The ties data must be able to catch an FMA-contracted q5_1 quantizer (a planted mutant):
+/// quantizing its f32 V rows with one fused multiply-add must change some bytes.
+TEST(RowData, TiesRowsCatchAFusedQ5_1Quantizer) {
+  Geometry g;
+  g.n_kv_heads = 2;
+  g.head_dim_k = g.head_dim_v = 128;
+  g.max_ctx = 16;
+  int sensitive = 0, blocks = 0;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    const HostRows rows = make_rows(g, DType::f32, 4, seed, DataKind::ties);
+    for (std::size_t b = 0; b < rows.v.size() / kBlockValues; ++b) {
+      const float* x = rows.v.data() + b * kBlockValues;
+      const float lo = *std::min_element(x, x + kBlockValues);
+      const float hi = *std::max_element(x, x + kBlockValues);
+      const float id = 1.0f / ((hi - lo) / 31.0f);
+      ++blocks;
+      for (int j = 0; j < kBlockValues; ++j) {
+        volatile float scaled = (x[j] - lo) * id;
+        if (unsigned(scaled + 0.5f) != unsigned(std::fma(x[j] - lo, id, 0.5f))) {
+          ++sensitive;
+          break;
+        }
+      }
+    }
+  }
+  // About half the ties V blocks are FMA-sensitive ones (the others are exact-tie blocks).
+  EXPECT_GT(sensitive, blocks / 3) << sensitive << " of " << blocks << " blocks";
+  std::cout << sensitive << " of " << blocks << " ties blocks are FMA-sensitive\n";
 }
 
 TEST(ReplayFile, RoundTripsEveryCommandKind) {

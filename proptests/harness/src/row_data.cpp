@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
 #include "kvlayer/half.hpp"
 
@@ -48,6 +49,52 @@ float encode(float x, DType dtype, std::uint8_t* out) {
   return x;
 }
 
+/// The q5_1 quant of x in a block with min 0 and reciprocal scale id, as SPEC §3 demands (a
+/// separate f32 multiply, then add) or as one fused multiply-add would compute it.
+unsigned q5_1_quant(float x, float id, bool fused) {
+  if (fused) return unsigned(std::fma(x, id, 0.5f));
+  volatile float scaled = x * id;  // volatile: keep the product rounded on its own
+  return unsigned(scaled + 0.5f);
+}
+
+/// A q5_1 block (min 0 at lane 1, max at lane 0) whose other lanes sit where the separate
+/// multiply-then-add and a fused multiply-add give different quants, so that an FMA-contracted
+/// quantizer is caught (only f32 inputs keep these values exactly).
+/// A value near (m − 0.5)·d where the two computations differ, or nullopt.
+std::optional<float> fma_sensitive_near(int m, float d, float id, float hi) {
+  float below = (float(m) - 0.5f) * d, above = below;
+  for (int step = 0; step < 24; ++step) {  // walk outwards one ulp at a time
+    below = std::nextafter(below, 0.0f);
+    above = std::nextafter(above, hi);
+    if (q5_1_quant(below, id, false) != q5_1_quant(below, id, true)) return below;
+    if (q5_1_quant(above, id, false) != q5_1_quant(above, id, true)) return above;
+  }
+  return std::nullopt;
+}
+
+/// A q5_1 block (min 0 at lane 1, max at lane 0) whose other lanes sit where the separate
+/// multiply-then-add and a fused multiply-add give different quants, so that an FMA-contracted
+/// quantizer is caught (only f32 inputs keep these values exactly).
+/// NOTE: the two differ only where the separate sum lands on an exact tie that rounds (to even)
+/// up to a power of two m, i.e. (x − min)·id just below m − 0.5, m in {1, 2, 4, 8, 16}; not
+/// every scale has such a value, so the maximum is redrawn until one does.
+void fill_fma_sensitive_q5_1(float* x, Rng& rng) {
+  constexpr int kPowers[] = {1, 2, 4, 8, 16};
+  float hi = 1.0f, d = hi / 31.0f, id = 1.0f / d;
+  for (int attempt = 0; attempt < 32; ++attempt) {
+    hi = float(0.5 + 1.5 * rng.uniform());
+    d = hi / 31.0f;
+    id = 1.0f / d;
+    if (fma_sensitive_near(kPowers[rng.range(0, 4)], d, id, hi)) break;
+  }
+  x[0] = hi;
+  x[1] = 0.0f;
+  for (int j = 2; j < kBlockValues; ++j) {
+    const int m = kPowers[rng.range(0, 4)];
+    x[j] = fma_sensitive_near(m, d, id, hi).value_or((float(m) - 0.5f) * d);
+  }
+}
+
 /// Fills one 32-value block according to kind. `k_side` picks q8_0 or q5_1 tie patterns.
 void fill_block(float* x, DataKind kind, bool k_side, double sigma, Rng& rng) {
   constexpr int n = kBlockValues;
@@ -75,9 +122,11 @@ void fill_block(float* x, DataKind kind, bool k_side, double sigma, Rng& rng) {
       }
       if (k_side) {
         x[rng.range(0, n - 1)] = rng.next() & 1 ? 127.0f : -127.0f;
-      } else {
+      } else if (rng.next() & 1) {
         x[0] = 31.0f;
         x[1] = 0.0f;
+      } else {
+        fill_fma_sensitive_q5_1(x, rng);
       }
       break;
     case DataKind::constant: {
