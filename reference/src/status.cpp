@@ -40,7 +40,10 @@ std::string LayerStatus::message() const {
   if (ok()) return "ok";
   std::string out;
   if (data_error) out += describe(*data_error);
-  if (device_error) out += (out.empty() ? "" : "\n") + describe(*device_error);
+  if (device_error) {
+    if (!out.empty()) out += '\n';
+    out += describe(*device_error);
+  }
   return out;
 }
 

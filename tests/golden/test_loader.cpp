@@ -44,16 +44,14 @@ std::vector<std::uint8_t> npy_v1(const std::string& dict,
   std::string header = dict;
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
-  std::vector<std::uint8_t> out = {0x93,
-                                   'N',
-                                   'U',
-                                   'M',
-                                   'P',
-                                   'Y',
-                                   1,
-                                   0,
-                                   std::uint8_t(header.size() & 0xFF),
-                                   std::uint8_t(header.size() >> 8)};
+  // Magic, version 1.0, little-endian header length (built by push_back: GCC 12 warns falsely
+  // on a braced initializer followed by insert at -O3).
+  std::vector<std::uint8_t> out;
+  for (std::uint8_t b : {std::uint8_t(0x93), std::uint8_t('N'), std::uint8_t('U'),
+                         std::uint8_t('M'), std::uint8_t('P'), std::uint8_t('Y'), std::uint8_t(1),
+                         std::uint8_t(0), std::uint8_t(header.size() & 0xFF),
+                         std::uint8_t(header.size() >> 8)})
+    out.push_back(b);
   out.insert(out.end(), header.begin(), header.end());
   out.insert(out.end(), payload.begin(), payload.end());
   return out;

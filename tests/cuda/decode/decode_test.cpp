@@ -204,7 +204,7 @@ TEST_P(DecodeSweep, FlatWindowedViews) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeSweep, ::testing::Values(64, 128, 256),
-                         [](const auto& info) { return "D" + std::to_string(info.param); });
+                         [](const auto& info) { return std::string("D").append(std::to_string(info.param)); });
 
 /// No GPU needed: the host model over lengths and plans stays within the contract.
 TEST_P(DecodeSweep, ModelLengthsWithinContract) {
@@ -277,7 +277,7 @@ TEST_P(DecodeRing, ViewsFollowTheBase) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeRing, ::testing::Values(64, 128, 256),
-                         [](const auto& info) { return "D" + std::to_string(info.param); });
+                         [](const auto& info) { return std::string("D").append(std::to_string(info.param)); });
 
 // ---- Adversarial score distributions ---------------------------------------------------------
 
@@ -391,7 +391,9 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(Scores::large_range, Scores::dominant_key, Scores::tiny_p,
                                          Scores::increasing, Scores::equal_keys)),
     [](const auto& info) {
-      return "D" + std::to_string(std::get<0>(info.param)) + "_" + name_of(std::get<1>(info.param));
+      std::string name("D");  // appends: GCC 12 warns falsely on "D" + std::string at -O3
+      name.append(std::to_string(std::get<0>(info.param))).append("_");
+      return name.append(name_of(std::get<1>(info.param)));
     });
 
 // ---- Edges: empty views, device overruns, bad blocks, refused launches ------------------------
