@@ -113,7 +113,8 @@ std::vector<double> KvLayer::decode(std::span<const float> q, int n_q_heads,
 }
 
 std::optional<std::vector<double>> KvLayer::decode_dc(std::span<const float> q, int n_q_heads,
-                                                      std::optional<float> scale) {
+                                                      std::optional<float> scale,
+                                                      bool compute_output) {
   check_query(q, n_q_heads, "decode_dc");
   if (geometry_.is_ring()) refuse("decode_dc", "ring layers use decode_dcw");
   if (geometry_.window)
@@ -125,11 +126,13 @@ std::optional<std::vector<double>> KvLayer::decode_dc(std::span<const float> q, 
                                          geometry_.max_ctx};
     return std::nullopt;
   }
+  if (!compute_output) return std::vector<double>{};
   return attend(q, n_q_heads, scale, 0, len_d_, 0);
 }
 
 std::optional<std::vector<double>> KvLayer::decode_dcw(std::span<const float> q, int n_q_heads,
-                                                       std::optional<float> scale) {
+                                                       std::optional<float> scale,
+                                                       bool compute_output) {
   check_query(q, n_q_heads, "decode_dcw");
   if (!geometry_.window) refuse("decode_dcw", "the layer has no window; use decode_dc");
   const std::int64_t begin = std::max<std::int64_t>(0, len_d_ - *geometry_.window);
@@ -142,6 +145,7 @@ std::optional<std::vector<double>> KvLayer::decode_dcw(std::span<const float> q,
     if (!status_.device_error) status_.device_error = err;
     return std::nullopt;
   }
+  if (!compute_output) return std::vector<double>{};
   return attend(q, n_q_heads, scale, begin, len_d_, base_d_);
 }
 

@@ -348,8 +348,13 @@ std::optional<std::string> Executor::step(const Command& command) {
       std::vector<std::vector<float>> queries;
       std::vector<Expectation> expected;
       Rng rng(c->seed);
-      // The model runs the steps eagerly; each step's expectation (and bound) is taken on the
-      // state that step decoded.
+      // The model runs the steps eagerly; each checked step's expectation (and bound) is taken
+      // on the state that step decoded. Outputs are compared at the first and last step and
+      // two drawn ones (the float64 attention and its bound dominate a case's cost); every
+      // step's bytes, counters and status are still compared after the chain.
+      std::vector<bool> checked(std::size_t(c->steps), false);
+      checked.front() = checked.back() = true;
+      for (int k = 0; k < 2; ++k) checked[std::size_t(rng.range(0, c->steps - 1))] = true;
       for (std::int64_t i = 0; i < c->steps; ++i) {
         rows.push_back(make_rows(g, dt, 1, rng.next(), DataKind::gaussian));
         queries.push_back(make_query(g, case_.n_q_heads, rng.next()));
@@ -359,11 +364,20 @@ std::optional<std::string> Executor::step(const Command& command) {
         else model_.append_dc(view_of(rows.back()));
         model_.inc_seqlen();
         const auto variant = c->windowed ? DecodeVariant::dcw : DecodeVariant::dc;
-        expected.push_back(expect_decode(
-            variant, queries.back(),
-            c->windowed ? model_.decode_dcw(queries.back(), case_.n_q_heads)
-                        : model_.decode_dc(queries.back(), case_.n_q_heads)));
-        if (expected.back().self_check) diff = expected.back().self_check;
+        const bool check = checked[std::size_t(i)];
+        auto out = c->windowed
+                       ? model_.decode_dcw(queries.back(), case_.n_q_heads, std::nullopt, check)
+                       : model_.decode_dc(queries.back(), case_.n_q_heads, std::nullopt, check);
+        if (check) {
+          expected.push_back(expect_decode(variant, queries.back(), std::move(out)));
+          if (expected.back().self_check) diff = expected.back().self_check;
+        } else {
+          // Unchecked step: only whether it wrote its output (nullopt: a device error).
+          expected.push_back(Expectation{decode_variant_name(variant),
+                                         out ? std::optional<std::vector<double>>(std::vector<double>{})
+                                             : std::nullopt,
+                                         {}, {}});
+        }
       }
       stats_.graph_replays += c->steps;
       if (system_ && !diff) {
@@ -371,9 +385,20 @@ std::optional<std::string> Executor::step(const Command& command) {
         if (outputs.size() != expected.size())
           diff = "graph chain returned " + std::to_string(outputs.size()) + " outputs for " +
                  std::to_string(expected.size()) + " steps";
-        for (std::size_t i = 0; i < expected.size() && !diff; ++i)
-          if (auto d = check_decode(expected[i], outputs[i]))
-            diff = "step " + std::to_string(i) + ": " + *d;
+        for (std::size_t i = 0; i < expected.size() && !diff; ++i) {
+          std::optional<std::string> d;
+          if (checked[i]) {
+            d = check_decode(expected[i], outputs[i]);
+          } else if (expected[i].out) {  // written: every element, finite
+            for (std::size_t e = 0; e < outputs[i].size() && !d; ++e)
+              if (!std::isfinite(outputs[i][e]))
+                d = expected[i].name + " output element " + std::to_string(e) + " is " +
+                    std::to_string(outputs[i][e]) + " (not written, or not finite)";
+          } else {
+            d = check_decode(expected[i], outputs[i]);  // nothing may be written
+          }
+          if (d) diff = "step " + std::to_string(i) + ": " + *d;
+        }
       }
       auto m = attempt([&] { model_.account_steps(c->steps); });
       if (system_) {

@@ -87,14 +87,19 @@ class KvLayer {
   /// Device-counter decode over [0, len_d). Flat, window-less layers only (refused otherwise).
   /// When len_d > max_ctx it writes nothing (nullopt) and records decode_view_too_long with
   /// limit max_ctx.
+  /// NOTE: with compute_output false the view checks and error recording are identical but
+  /// the float64 attention is skipped (an empty vector is returned): a harness that checks
+  /// only some steps of a long chain uses it to stay fast.
   std::optional<std::vector<double>> decode_dc(std::span<const float> q, int n_q_heads,
-                                               std::optional<float> scale = std::nullopt);
+                                               std::optional<float> scale = std::nullopt,
+                                               bool compute_output = true);
   /// Device-counter decode over [max(0, len_d − window), len_d) at physical key − base_d.
   /// Windowed layers only (refused otherwise). Writes nothing (nullopt) and records
   /// decode_view_too_long when len_d > max_ctx (limit max_ctx), else when the view leaves the
   /// resident rows [base_d, base_d + rows) (limit rows).
   std::optional<std::vector<double>> decode_dcw(std::span<const float> q, int n_q_heads,
-                                                std::optional<float> scale = std::nullopt);
+                                                std::optional<float> scale = std::nullopt,
+                                                bool compute_output = true);
 
   /// Logical key range [begin, end) that decode() attends: [0, len), or
   /// [max(0, len − window), len) for windowed layers. Physical row = logical − base.
