@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include "kvlayer/error.hpp"
 #include "kvlayer/harness/generate.hpp"
 #include "kvlayer/harness/replay_file.hpp"
 #include "kvlayer/harness/row_data.hpp"
@@ -71,6 +72,68 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
   ASSERT_EQ(back.commands.size(), c.commands.size());
   for (std::size_t i = 0; i < c.commands.size(); ++i)
     EXPECT_EQ(describe(back.commands[i]), describe(c.commands[i]));
+}
+
+}  // namespace
+}  // namespace kvlayer::harness
+
+namespace kvlayer::harness {
+namespace {
+
+/// A malformed replay file is refused with a message naming the field and what is wrong.
+TEST(ReplayFile, MalformedFilesNameTheFieldAndTheProblem) {
+  const std::string geometry =
+      R"("geometry": {"n_kv_heads": 1, "head_dim_k": 64, "head_dim_v": 64, "max_ctx": 100, )"
+      R"("window": null, "storage": "flat", "max_append": 1, "rewind_slack": 0})";
+  const auto file = [&](const std::string& geometry_part, const std::string& rest) {
+    return R"({"format": "kvlayer-replay", "version": 1, )" + geometry_part + ", " + rest + "}";
+  };
+  const std::string ok_rest = R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [])";
+  EXPECT_NO_THROW(from_json(file(geometry, ok_rest)));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{", "replay file: JSON: "},
+      {"[1, 2]", "replay file: top level: expected an object"},
+      {R"({"format": "other", "version": 1})", "replay file: format: expected \"kvlayer-replay\""},
+      {R"({"format": "kvlayer-replay", "version": 2})",
+       "replay file: top level.version: 2 is outside [1, 1]"},
+      {file(geometry, R"("dtype": "f32", "seed": 1, "commands": [])"),
+       "replay file: top level: missing field 'n_q_heads'"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f64", "seed": 1, "commands": [])"),
+       "replay file: dtype: unknown dtype 'f64' (expected f32, f16 or bf16)"},
+      {file(geometry, R"("n_q_heads": "two", "dtype": "f32", "seed": 1, "commands": [])"),
+       "replay file: top level.n_q_heads: expected an integer"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": -1, "commands": [])"),
+       "replay file: top level.seed: expected a non-negative integer"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": {})"),
+       "replay file: commands: expected an array"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "jump"}])"),
+       "replay file: commands[0].op: unknown op 'jump'"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "append", "n": 2, "seed": 1}])"),
+       "replay file: commands[0]: missing field 'data'"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "graph_chain", "steps": 5000, "seed": 1, "windowed": false}])"),
+       "replay file: commands[0].steps: 5000 is outside [0, 4096]"},
+      {file(R"("geometry": {"n_kv_heads": 1, "head_dim_k": 48, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "flat", "max_append": 1, "rewind_slack": 0})",
+            ok_rest),
+       "replay file: geometry: geometry: head_dim_k 48 must be a positive multiple of 32 up to 4096"},
+      {file(R"("geometry": {"n_kv_heads": 1, "head_dim_k": 64, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "circle", "max_append": 1, "rewind_slack": 0})",
+            ok_rest),
+       "replay file: geometry.storage: expected \"flat\" or \"ring\", got 'circle'"},
+  };
+  for (const auto& [text, message] : cases) {
+    try {
+      from_json(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::io);
+      EXPECT_EQ(std::string(e.what()).substr(0, message.size()), message) << text;
+    }
+  }
+  try {
+    read_replay_file("/nonexistent/replay.json");
+    ADD_FAILURE() << "read a file that does not exist";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "replay file /nonexistent/replay.json: cannot be read");
+  }
 }
 
 }  // namespace
