@@ -20,8 +20,7 @@ using SystemFactory = std::function<std::unique_ptr<System>(const Case&)>;
 /// Limits on what a campaign draws.
 struct DrawLimits {
   int max_kv_heads = 8;
-  std::int64_t max_ctx = 640;
-  int max_commands = 60;
+  std::int64_t max_ctx = 640;  ///< sequence length is rapidcheck's size (CampaignConfig::max_size)
 };
 
 /// What the property needs besides rapidcheck.
