@@ -137,7 +137,7 @@ TEST_F(Cli, UnknownCommand) {
   const Result r = run({"frobnicate"});
   EXPECT_EQ(r.status, 2);
 #ifdef KVLAYER_CLI_HAS_BENCH
-  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay, bench";
+  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay, bench, soak";
 #else
   const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay";
 #endif

@@ -61,6 +61,7 @@ const Command& fuzz_command();
 const Command& replay_command();
 #ifdef KVLAYER_WITH_CUDA
 const Command& bench_command();
+const Command& soak_command();
 #endif
 
 }  // namespace kvlayer::cli

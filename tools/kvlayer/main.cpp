@@ -23,6 +23,7 @@ constexpr CommandFactory kCommands[] = {
     &replay_command,
 #ifdef KVLAYER_WITH_CUDA
     &bench_command,
+    &soak_command,
 #endif
 };
 
