@@ -229,15 +229,12 @@ struct Bench {
 
 int run_bench(const std::vector<std::string>& args) {
   const Options o(args, {"json", "reps"}, {"quick"});
+  const int reps = int(o.integer("reps", 50, 5, 100000));
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw Error(ErrorKind::device, "bench: no CUDA device found (run it on the GPU machine)");
   Bench b;
-  if (auto r = o.get("reps")) {
-    b.reps = std::atoi(r->c_str());
-    if (b.reps < 5 || b.reps > 100000)
-      throw UsageError("--reps '" + *r + "' must be in [5, 100000]");
-  }
+  b.reps = reps;
   const bool quick = o.flag("quick");
   cudaDeviceProp p{};
   KVLAYER_CUDA_TRY(cudaGetDeviceProperties(&p, 0));

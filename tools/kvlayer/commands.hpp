@@ -3,6 +3,7 @@
 // to the table in main.cpp.
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -48,6 +49,10 @@ class Options {
   std::string require(const std::string& name, std::string_view usage_line) const;
   /// True iff --name was given.
   bool flag(const std::string& name) const;
+  /// The integer value of --name, or `fallback` when absent; throws UsageError
+  /// "--name 'V' must be an integer in [lo, hi]" when it is not one.
+  std::int64_t integer(const std::string& name, std::int64_t fallback, std::int64_t lo,
+                       std::int64_t hi) const;
 
  private:
   std::map<std::string, std::string> values_;

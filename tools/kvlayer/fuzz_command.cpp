@@ -31,23 +31,6 @@ constexpr std::string_view kUsage =
     "  --replay-dir D   where a failing case's replay file goes (default .)\n"
     "  exit status 0 when every case passed, 1 on a failure (replay file written)\n";
 
-std::int64_t parse_count(const Options& o, const char* name, std::int64_t fallback, std::int64_t lo,
-                         std::int64_t hi) {
-  const auto v = o.get(name);
-  if (!v) return fallback;
-  std::size_t used = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(*v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v->size() || x < lo || x > hi)
-    throw UsageError("--" + std::string(name) + " '" + *v + "' must be an integer in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return x;
-}
-
 double parse_minutes(const Options& o) {
   const auto v = o.get("minutes");
   if (!v) return 0;
@@ -134,10 +117,10 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
 int run_fuzz(const std::vector<std::string>& args) {
   const Options o(args, {"cases", "minutes", "seed", "max-size", "replay-dir"}, {"reference-only"});
   harness::CampaignConfig config;
-  config.cases = parse_count(o, "cases", 300, 1, 1'000'000'000);
+  config.cases = o.integer("cases", 300, 1, 1'000'000'000);
   config.minutes = parse_minutes(o);
-  config.seed = std::uint64_t(parse_count(o, "seed", 1, 0, INT64_MAX));
-  config.max_size = int(parse_count(o, "max-size", 150, 1, 10000));
+  config.seed = std::uint64_t(o.integer("seed", 1, 0, INT64_MAX));
+  config.max_size = int(o.integer("max-size", 150, 1, 10000));
   config.replay_dir = o.get("replay-dir").value_or(".");
   const SystemChoice choice = choose_system(o.flag("reference-only"));
   config.make_system = choice.factory;

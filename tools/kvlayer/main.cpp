@@ -82,6 +82,23 @@ Options::Options(const std::vector<std::string>& args, const std::vector<std::st
   }
 }
 
+std::int64_t Options::integer(const std::string& name, std::int64_t fallback, std::int64_t lo,
+                              std::int64_t hi) const {
+  const auto v = get(name);
+  if (!v) return fallback;
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(*v, &used);
+  } catch (const std::exception&) {
+    used = 0;  // not a number, or out of long long's range
+  }
+  if (used != v->size() || x < lo || x > hi)
+    throw UsageError("--" + name + " '" + *v + "' must be an integer in [" + std::to_string(lo) +
+                     ", " + std::to_string(hi) + "]");
+  return x;
+}
+
 std::optional<std::string> Options::get(const std::string& name) const {
   const auto it = values_.find(name);
   if (it == values_.end()) return std::nullopt;

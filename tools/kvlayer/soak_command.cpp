@@ -32,23 +32,6 @@ constexpr std::string_view kUsage =
     "  --steps M    graph-replayed steps (default 1000000)\n"
     "  --chain K    steps per chain between host accounting (default 64)\n";
 
-std::int64_t count_option(const Options& o, const char* name, std::int64_t fallback,
-                          std::int64_t lo, std::int64_t hi) {
-  const auto v = o.get(name);
-  if (!v) return fallback;
-  std::size_t used = 0;
-  long long x = 0;
-  try {
-    x = std::stoll(*v, &used);
-  } catch (...) {
-    used = 0;
-  }
-  if (used != v->size() || x < lo || x > hi)
-    throw UsageError("--" + std::string(name) + " '" + *v + "' must be an integer in [" +
-                     std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return x;
-}
-
 std::size_t free_bytes() {
   KVLAYER_CUDA_TRY(cudaDeviceSynchronize());
   std::size_t free = 0, total = 0;
@@ -72,9 +55,9 @@ Geometry cycle_geometry(std::int64_t i) {
 
 int run_soak(const std::vector<std::string>& args) {
   const Options o(args, {"cycles", "steps", "chain"}, {});
-  const std::int64_t cycles = count_option(o, "cycles", 10000, 0, 100000000);
-  const std::int64_t steps = count_option(o, "steps", 1000000, 0, 1000000000);
-  const std::int64_t chain = count_option(o, "chain", 64, 1, 4096);
+  const std::int64_t cycles = o.integer("cycles", 10000, 0, 100000000);
+  const std::int64_t steps = o.integer("steps", 1000000, 0, 1000000000);
+  const std::int64_t chain = o.integer("chain", 64, 1, 4096);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw Error(ErrorKind::device, "soak: no CUDA device found (run it on the GPU machine)");
