@@ -13,6 +13,7 @@ namespace kvlayer::ref {
 namespace {
 
 using MatrixXdR = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using Eigen::MatrixXd;
 
 /// Dequantized K and V of one KV head over a view, as float64 matrices [keys × head_dim].
 struct HeadCache {
@@ -20,19 +21,20 @@ struct HeadCache {
   MatrixXdR v_block_max;  ///< [keys × head_dim_v]: largest |V| of the block holding element e
 };
 
-/// Scores, unnormalised weights and probabilities of one query head over a HeadCache.
-struct Softmax {
-  Eigen::VectorXd scores, p;
-  double top = 0, l = 0;
+/// Softmax of every column of a score matrix [keys × query heads] (one column per query head
+/// of a KV head, so the whole GQA group is one matrix product).
+struct ColumnSoftmax {
+  MatrixXd scores, p;       ///< [keys × heads]: scale·K·q, and the probabilities
+  Eigen::RowVectorXd top, l;  ///< per head: the largest score and Σ exp(score − top)
 };
 
-Softmax softmax(const HeadCache& c, const Eigen::VectorXd& q, double scale) {
-  Softmax r;
-  r.scores = scale * (c.k * q);
-  r.top = r.scores.maxCoeff();
-  const Eigen::VectorXd w = (r.scores.array() - r.top).exp().matrix();
-  r.l = w.sum();
-  r.p = w / r.l;
+ColumnSoftmax softmax_columns(const MatrixXdR& k, const MatrixXd& q_columns, double scale) {
+  ColumnSoftmax r;
+  r.scores = scale * (k * q_columns);
+  r.top = r.scores.colwise().maxCoeff();
+  const MatrixXd w = (r.scores.rowwise() - r.top).array().exp().matrix();
+  r.l = w.colwise().sum();
+  r.p = w.array().rowwise() / r.l.array();
   return r;
 }
 
@@ -58,9 +60,16 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view)
   return c;
 }
 
-Eigen::VectorXd query_head(std::span<const float> q, int h, int head_dim) {
-  Eigen::VectorXd out(head_dim);
-  for (int d = 0; d < head_dim; ++d) out(d) = q[std::size_t(h) * head_dim + d];
+/// The query heads [first, first + count) as the columns of a [head_dim × count] matrix; with
+/// `round_f16` each value is first rounded to fp16 (the kernels' declared rounding of q).
+MatrixXd query_columns(std::span<const float> q, int first, int count, int head_dim,
+                       bool round_f16) {
+  MatrixXd out(head_dim, count);
+  for (int h = 0; h < count; ++h)
+    for (int d = 0; d < head_dim; ++d) {
+      const float x = q[std::size_t(first + h) * std::size_t(head_dim) + std::size_t(d)];
+      out(d, h) = round_f16 ? f16_bits_to_f32(f32_to_f16_bits(x)) : x;
+    }
   return out;
 }
 
@@ -89,10 +98,11 @@ std::vector<double> KvLayer::attend(std::span<const float> q, int n_q_heads,
   if (lend <= lbegin) return out;  // empty view: all-zero output
   for (int kv = 0; kv < g.n_kv_heads; ++kv) {
     const HeadCache c = gather_head(*this, kv, DecodeView{lbegin, lend, base});
-    for (int h = kv * gqa; h < (kv + 1) * gqa; ++h) {
-      const Eigen::VectorXd o = c.v.transpose() * softmax(c, query_head(q, h, g.head_dim_k), s).p;
-      for (int e = 0; e < g.head_dim_v; ++e) out[std::size_t(h) * g.head_dim_v + e] = o(e);
-    }
+    const MatrixXd o =  // [head_dim_v × gqa]
+        c.v.transpose() * softmax_columns(c.k, query_columns(q, kv * gqa, gqa, g.head_dim_k, false), s).p;
+    for (int j = 0; j < gqa; ++j)
+      for (int e = 0; e < g.head_dim_v; ++e)
+        out[std::size_t(kv * gqa + j) * g.head_dim_v + e] = o(e, j);
   }
   return out;
 }
@@ -163,30 +173,30 @@ std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float
     const HeadCache c = gather_head(layer, kv, view);
     const MatrixXdR abs_k = c.k.cwiseAbs();
     const MatrixXdR abs_v = c.v.cwiseAbs();
-    for (int h = kv * gqa; h < (kv + 1) * gqa; ++h) {
-      const Eigen::VectorXd qh = query_head(q, h, g.head_dim_k);
-      Eigen::VectorXd qh16(qh.size());
-      for (Eigen::Index d = 0; d < qh.size(); ++d)
-        qh16(d) = f16_bits_to_f32(f32_to_f16_bits(float(qh(d))));
-      const Softmax exact = softmax(c, qh, s), rounded = softmax(c, qh16, s);
-      const Eigen::VectorXd magnitude = std::fabs(s) * (abs_k * qh16.cwiseAbs());
+    const MatrixXd q_exact = query_columns(q, kv * gqa, gqa, g.head_dim_k, false);
+    const MatrixXd q16 = query_columns(q, kv * gqa, gqa, g.head_dim_k, true);
+    const ColumnSoftmax exact = softmax_columns(c.k, q_exact, s), rounded = softmax_columns(c.k, q16, s);
+    const MatrixXd magnitude = std::fabs(s) * (abs_k * q16.cwiseAbs());  // [keys × gqa]
+    const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
+    const double accumulation =
+        (double(shape.max_keys_per_split + shape.n_splits + 8) + 4 * rescales) * u32;
+    const MatrixXd& p = rounded.p;
+    const MatrixXd o_exact = c.v.transpose() * exact.p;  // [head_dim_v × gqa]
+    const MatrixXd o_rounded = c.v.transpose() * p;
+    const MatrixXd term_v = abs_v.transpose() * p;
+    const MatrixXd term_b = c.v_block_max.transpose() * p;
+    const Eigen::VectorXd block_max_sum = c.v_block_max.colwise().sum().transpose();
+    for (int j = 0; j < gqa; ++j) {
       const Eigen::VectorXd delta =
-          magnitude * ((D + 4) * u32) +
-          (8 * u32 * (1.0 + (rounded.top - rounded.scores.array()).abs())).matrix();
+          magnitude.col(j) * ((D + 4) * u32) +
+          (8 * u32 * (1.0 + (rounded.top(j) - rounded.scores.col(j).array()).abs())).matrix();
       const double spread = std::expm1(2 * delta.maxCoeff());
-      const Eigen::VectorXd& p = rounded.p;
-      const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
-      const double accumulation =
-          (double(shape.max_keys_per_split + shape.n_splits + 8) + 4 * rescales) * u32;
-      const Eigen::VectorXd o_exact = c.v.transpose() * exact.p;
-      const Eigen::VectorXd o_rounded = c.v.transpose() * p;
-      const Eigen::VectorXd term_v = abs_v.transpose() * p;
-      const Eigen::VectorXd term_b = c.v_block_max.transpose() * p;
-      const Eigen::VectorXd term_under = c.v_block_max.colwise().sum().transpose() / rounded.l;
+      const std::size_t h = std::size_t(kv * gqa + j);
       for (int e = 0; e < g.head_dim_v; ++e)
-        bound[std::size_t(h) * g.head_dim_v + e] =
-            std::fabs(o_rounded(e) - o_exact(e)) + (spread + 2 * u16 + u16 * u16) * term_v(e) + std::ldexp(1.0, -25) +
-            accumulation * 2 * term_b(e) + std::ldexp(1.0, -24) * term_under(e);
+        bound[h * g.head_dim_v + e] =
+            std::fabs(o_rounded(e, j) - o_exact(e, j)) +
+            (spread + 2 * u16 + u16 * u16) * term_v(e, j) + std::ldexp(1.0, -25) +
+            accumulation * 2 * term_b(e, j) + std::ldexp(1.0, -24) * block_max_sum(e) / rounded.l(j);
     }
   }
   return bound;

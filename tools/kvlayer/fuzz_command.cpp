@@ -106,6 +106,19 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
   std::snprintf(worst, sizeof worst, "%.3g (error %.3g against bound %.3g)",
                 r.stats.worst_error_ratio, r.stats.worst_error, r.stats.worst_bound);
   line("largest decode error/bound", r.stats.worst_bound > 0 ? worst : "n/a (no GPU outputs)");
+  // Where the time went: tells a slow campaign's bottleneck (model, device calls, read-backs).
+  const harness::Stats& t = r.stats;
+  const double model = t.seconds_in_commands - t.seconds_in_system - t.seconds_in_snapshots -
+                       t.seconds_in_bounds;
+  char split[240];
+  std::snprintf(split, sizeof split,
+                "%.1f s: system calls %.1f, state read-backs %.1f, decode bounds %.1f, model and "
+                "comparisons %.1f",
+                t.seconds_in_commands, t.seconds_in_system, t.seconds_in_snapshots,
+                t.seconds_in_bounds, model);
+  line("time in commands", split);
+  line("time outside commands", std::to_string(int(r.seconds - t.seconds_in_commands)) +
+                                    " s (case set-up and teardown, generation, shrinking)");
   line("failures", r.passed ? "0" : "1");
   if (!r.passed) {
     line("replay file", r.replay_file.empty() ? "(none)" : r.replay_file);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <sstream>
 
@@ -18,6 +19,10 @@ void Stats::add(const Stats& o) {
   graph_replays += o.graph_replays;
   bytes_compared += o.bytes_compared;
   decodes_compared += o.decodes_compared;
+  seconds_in_commands += o.seconds_in_commands;
+  seconds_in_system += o.seconds_in_system;
+  seconds_in_snapshots += o.seconds_in_snapshots;
+  seconds_in_bounds += o.seconds_in_bounds;
   if (o.worst_error_ratio > worst_error_ratio) {
     worst_error_ratio = o.worst_error_ratio;
     worst_error = o.worst_error;
@@ -26,6 +31,69 @@ void Stats::add(const Stats& o) {
 }
 
 namespace {
+
+/// Adds the wall-clock time of its own lifetime to `seconds`.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double& seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() {
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  Stopwatch(const Stopwatch&) = delete;
+  Stopwatch& operator=(const Stopwatch&) = delete;
+
+ private:
+  double& seconds_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Forwards every call to the system under test, timing it into the campaign's Stats (so the
+/// summary can say where a case's time goes: model, system, read-backs or bounds).
+class TimedSystem final : public System {
+  // NOTE: defined before its uses (its return type is deduced).
+  template <typename F>
+  auto timed(F&& f) {
+    const Stopwatch w(stats_.seconds_in_system);
+    return f();
+  }
+
+ public:
+  TimedSystem(System& inner, Stats& stats) : inner_(inner), stats_(stats) {}
+  void append(const HostRows& rows) override { timed([&] { inner_.append(rows); }); }
+  void append_dc(const HostRows& row, bool windowed) override {
+    timed([&] { inner_.append_dc(row, windowed); });
+  }
+  void inc_seqlen() override { timed([&] { inner_.inc_seqlen(); }); }
+  void account_steps(std::int64_t k) override { timed([&] { inner_.account_steps(k); }); }
+  void reserve(std::int64_t k) override { timed([&] { inner_.reserve(k); }); }
+  void rewind(std::int64_t to) override { timed([&] { inner_.rewind(to); }); }
+  std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t s, std::int64_t e) override {
+    return timed([&] { return inner_.physical_rows(s, e); });
+  }
+  bool can_rewind_to(std::int64_t p) override {
+    return timed([&] { return inner_.can_rewind_to(p); });
+  }
+  std::vector<float> decode(DecodeVariant variant, std::span<const float> q) override {
+    return timed([&] { return inner_.decode(variant, q); });
+  }
+  std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>& queries,
+                                              bool windowed) override {
+    return timed([&] { return inner_.graph_chain(rows, queries, windowed); });
+  }
+  void clear_status() override { timed([&] { inner_.clear_status(); }); }
+  Snapshot snapshot() override {
+    const Stopwatch w(stats_.seconds_in_snapshots);
+    return inner_.snapshot();
+  }
+  ref::AccumulationShape accumulation_shape(DecodeVariant variant) override {
+    return timed([&] { return inner_.accumulation_shape(variant); });
+  }
+
+ private:
+  System& inner_;
+  Stats& stats_;
+};
 
 ref::RowsView view_of(const HostRows& rows) {
   return ref::RowsView{rows.k_bytes.data(), rows.v_bytes.data(), rows.n, rows.dtype};
@@ -119,7 +187,10 @@ double naive_output(const ref::KvLayer& m, const std::vector<float>& q, int n_q_
 }  // namespace
 
 Executor::Executor(const Case& c, System* system)
-    : case_(c), system_(system), model_(c.geometry) {}
+    : case_(c),
+      timed_(system ? std::make_unique<TimedSystem>(*system, stats_) : nullptr),
+      system_(timed_.get()),
+      model_(c.geometry) {}
 
 bool Executor::dc_append_writes(bool windowed) const {
   // SPEC §7: a device-counter append writes only inside the plane and below max_ctx.
@@ -206,6 +277,7 @@ Executor::Expectation Executor::expect_decode(DecodeVariant variant, const std::
     view = {std::max<std::int64_t>(0, model_.len_d() - *g.window), model_.len_d(), model_.base_d()};
   }
   if (system_) {
+    const Stopwatch w(stats_.seconds_in_bounds);
     x.bound = ref::decode_tolerance(model_, q, case_.n_q_heads, std::nullopt, view,
                                     system_->accumulation_shape(variant));
     return x;
@@ -269,6 +341,7 @@ std::optional<std::string> Executor::check_decode(const Expectation& x,
 }
 
 std::optional<std::string> Executor::step(const Command& command) {
+  const Stopwatch whole(stats_.seconds_in_commands);
   executed_.push_back(command);
   ++stats_.commands[kind_name(command)];
   const Geometry& g = case_.geometry;

@@ -27,6 +27,11 @@ struct Stats {
   double worst_error_ratio = 0;  ///< largest |system − reference| / bound over all elements
   double worst_error = 0;        ///< the error at that element
   double worst_bound = 0;        ///< and its bound
+  /// Wall-clock seconds spent in commands, and the parts of it in the system's calls (without
+  /// its state read-backs), in those read-backs (snapshots) and in the derived decode bounds.
+  /// The rest of `in_commands` is the model and the comparisons.
+  double seconds_in_commands = 0, seconds_in_system = 0, seconds_in_snapshots = 0,
+         seconds_in_bounds = 0;
   void add(const Stats& other);
 };
 
@@ -72,6 +77,7 @@ class Executor {
   bool dc_append_writes(bool windowed) const;
 
   Case case_;
+  std::unique_ptr<System> timed_;  ///< the given system behind a timing decorator
   System* system_;
   ref::KvLayer model_;
   Stats stats_;
