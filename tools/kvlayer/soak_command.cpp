@@ -22,12 +22,13 @@ using cuda::detail::DeviceBuffer;
 
 constexpr std::string_view kUsage =
     "usage: kvlayer soak [--cycles N] [--steps M] [--chain K]\n"
-    "  1. N layer create/destroy cycles (flat and ring geometries, each appended to);\n"
+    "  1. N layer create/destroy cycles (flat and ring geometries, each appended to and\n"
+    "     given a captured append/inc/decode graph that is replayed twice);\n"
     "  2. M decode steps (append_dcw -> inc_seqlen -> decode_dcw on a ring layer, 8x128, gqa 8,\n"
     "     window 4096) captured once as a CUDA graph and replayed in chains of K, with\n"
     "     reserve(K) before and account_steps(K) after each chain, and a status check.\n"
-    "  Reports free device memory before and after each phase; exit 1 on growth or on any\n"
-    "  sticky error.\n"
+    "  Reports free device memory before and after each phase (after a warm-up pass of it:\n"
+    "  first use loads code once per process); exit 1 on growth or on any sticky error.\n"
     "  --cycles N   create/destroy cycles (default 10000)\n"
     "  --steps M    graph-replayed steps (default 1000000)\n"
     "  --chain K    steps per chain between host accounting (default 64)\n";
@@ -53,6 +54,85 @@ Geometry cycle_geometry(std::int64_t i) {
   return g;
 }
 
+/// One create/destroy cycle: a layer of cycle_geometry(i), a 16-row append, and a captured
+/// append_dc(w) → inc_seqlen → decode_dc(w) graph replayed twice. Returns false (and prints
+/// why) on an unexpected status.
+bool one_cycle(std::int64_t i, const DeviceBuffer& rows_k, const DeviceBuffer& rows_v,
+               DeviceBuffer& q, DeviceBuffer& out, cudaStream_t stream) {
+  const Geometry g = cycle_geometry(i);
+  const int nq = g.n_kv_heads * (1 + int(i % 8));
+  cuda::KvLayer layer(g, nq, stream);
+  layer.append(cuda::RowsView{rows_k.get(), rows_v.get(), 16, DType::f32});
+  layer.reserve(2);
+  KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
+  KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const cuda::RowsView row{rows_k.get(), rows_v.get(), 1, DType::f32};
+  g.window ? layer.append_dcw(row) : layer.append_dc(row);
+  layer.inc_seqlen();
+  g.window ? layer.decode_dcw(q.as<float>(), out.as<float>())
+           : layer.decode_dc(q.as<float>(), out.as<float>());
+  const auto graph = cuda::detail::Graph::end_capture(stream);
+  graph.launch(stream);
+  graph.launch(stream);
+  layer.account_steps(2);
+  const LayerStatus st = layer.status();
+  if (!st.ok()) std::printf("cycle %lld: unexpected status: %s\n", (long long)i, st.message().c_str());
+  return st.ok();
+}
+
+/// `steps` decode steps on the soak's ring layer (8 × 128, gqa 8, window 4096): the step is
+/// captured once and replayed in chains. Returns false on a sticky error.
+bool replay_steps(std::int64_t steps, std::int64_t chain, cudaStream_t stream, bool report) {
+  Geometry g;
+  g.n_kv_heads = 8;
+  g.head_dim_k = g.head_dim_v = 128;
+  g.window = 4096;
+  g.storage = Storage::ring;
+  g.max_append = chain;
+  g.rewind_slack = 16;
+  g.max_ctx = std::min<std::int64_t>(INT32_MAX, steps + 8192);
+  cuda::KvLayer layer(g, 64, stream);
+  DeviceBuffer k(std::size_t(g.kv_dim_k()) * 4), v(std::size_t(g.kv_dim_v()) * 4),
+      q(64 * 128 * 4), out(64 * 128 * 4);
+  KVLAYER_CUDA_TRY(launch_fill_random(k.as<float>(), std::size_t(g.kv_dim_k()), 3, stream));
+  KVLAYER_CUDA_TRY(launch_fill_random(v.as<float>(), std::size_t(g.kv_dim_v()), 4, stream));
+  KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), 64 * 128, 5, stream));
+  layer.reserve(chain);
+  KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
+  KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  layer.append_dcw(cuda::RowsView{k.get(), v.get(), 1, DType::f32});
+  layer.inc_seqlen();
+  layer.decode_dcw(q.as<float>(), out.as<float>());
+  const auto graph = cuda::detail::Graph::end_capture(stream);
+  std::int64_t done = 0;
+  while (done < steps) {
+    const std::int64_t kk = std::min(chain, steps - done);
+    layer.reserve(kk);
+    for (std::int64_t i = 0; i < kk; ++i) graph.launch(stream);
+    layer.account_steps(kk);
+    done += kk;
+    if (done % (chain * 1024) == 0 || done == steps) {
+      const LayerStatus st = layer.status();  // synchronizes
+      if (!st.ok()) {
+        std::printf("after %lld steps: sticky error: %s\n", (long long)done, st.message().c_str());
+        return false;
+      }
+    }
+  }
+  if (report)
+    std::printf("%-40s %lld steps in chains of %lld, len %lld, base %lld, status %s\n",
+                "graph-replayed decode steps:", (long long)done, (long long)chain,
+                (long long)layer.len(), (long long)layer.base(), layer.status().message().c_str());
+  return true;
+}
+
+/// Prints a phase's device-memory line; true when free memory did not shrink.
+bool memory_unchanged(const char* phase, std::size_t before, std::size_t after, double seconds) {
+  std::printf("%-40s free before %zu, after %zu, change %lld bytes, %.1f s\n", phase, before, after,
+              (long long)after - (long long)before, seconds);
+  return after >= before;
+}
+
 int run_soak(const std::vector<std::string>& args) {
   const Options o(args, {"cycles", "steps", "chain"}, {});
   const std::int64_t cycles = o.integer("cycles", 10000, 0, 100000000);
@@ -66,80 +146,30 @@ int run_soak(const std::vector<std::string>& args) {
   const auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
-  bool failed = false;
-
-  // ---- 1. create/destroy cycles ----
-  DeviceBuffer rows_k(16 * 1024 * 4), rows_v(16 * 1024 * 4);
+  bool ok = true;
+  DeviceBuffer rows_k(16 * 1024 * 4), rows_v(16 * 1024 * 4), q(64 * 256 * 4), out(64 * 256 * 4);
   KVLAYER_CUDA_TRY(launch_fill_random(rows_k.as<float>(), 16 * 1024, 1, stream.get()));
   KVLAYER_CUDA_TRY(launch_fill_random(rows_v.as<float>(), 16 * 1024, 2, stream.get()));
-  const std::size_t free0 = free_bytes();
-  for (std::int64_t i = 0; i < cycles; ++i) {
-    const Geometry g = cycle_geometry(i);
-    cuda::KvLayer layer(g, g.n_kv_heads * (1 + int(i % 8)), stream.get());
-    layer.append(cuda::RowsView{rows_k.get(), rows_v.get(), 16, DType::f32});
-    if (!layer.status().ok()) {
-      std::printf("cycle %lld: unexpected status: %s\n", (long long)i, layer.status().message().c_str());
-      failed = true;
-      break;
-    }
-  }
-  const std::size_t free1 = free_bytes();
-  std::printf("%-40s %lld cycles, free before %zu, after %zu, change %lld bytes, %.1f s\n",
-              "create/destroy:", (long long)cycles, free0, free1,
-              (long long)free1 - (long long)free0, seconds());
-  if (free1 < free0) failed = true;
+  KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), 64 * 256, 6, stream.get()));
 
-  // ---- 2. graph-replayed steps ----
-  Geometry g;
-  g.n_kv_heads = 8;
-  g.head_dim_k = g.head_dim_v = 128;
-  g.window = 4096;
-  g.storage = Storage::ring;
-  g.max_append = chain;
-  g.rewind_slack = 16;
-  g.max_ctx = std::min<std::int64_t>(INT32_MAX, steps + 8192);
+  // NOTE: a warm-up pass of each phase comes before its baseline. The first use of a kernel or
+  // of graph instantiation loads code and sets up driver pools once per process (2 MiB was seen
+  // on the H200); that is not growth. Growth is what repeating the phase adds afterwards.
+  for (std::int64_t i = 0; i < 12 && ok; ++i)
+    ok = one_cycle(i, rows_k, rows_v, q, out, stream.get());
+  const std::size_t free0 = free_bytes();
+  for (std::int64_t i = 0; i < cycles && ok; ++i)
+    ok = one_cycle(i, rows_k, rows_v, q, out, stream.get());
+  std::printf("%-40s %lld cycles (each: layer, append, captured graph replayed twice)\n",
+              "create/destroy:", (long long)cycles);
+  ok = memory_unchanged("device memory (cycles phase):", free0, free_bytes(), seconds()) && ok;
+
+  if (ok) ok = replay_steps(2 * chain, chain, stream.get(), false);  // warm-up
   const std::size_t free2 = free_bytes();
-  std::int64_t done = 0;
-  {
-    cuda::KvLayer layer(g, 64, stream.get());
-    DeviceBuffer k(std::size_t(g.kv_dim_k()) * 4), v(std::size_t(g.kv_dim_v()) * 4),
-        q(64 * 128 * 4), out(64 * 128 * 4);
-    KVLAYER_CUDA_TRY(launch_fill_random(k.as<float>(), std::size_t(g.kv_dim_k()), 3, stream.get()));
-    KVLAYER_CUDA_TRY(launch_fill_random(v.as<float>(), std::size_t(g.kv_dim_v()), 4, stream.get()));
-    KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), 64 * 128, 5, stream.get()));
-    layer.reserve(chain);
-    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream.get()));
-    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal));
-    layer.append_dcw(cuda::RowsView{k.get(), v.get(), 1, DType::f32});
-    layer.inc_seqlen();
-    layer.decode_dcw(q.as<float>(), out.as<float>());
-    const auto graph = cuda::detail::Graph::end_capture(stream.get());
-    while (done < steps) {
-      const std::int64_t kk = std::min(chain, steps - done);
-      layer.reserve(kk);
-      for (std::int64_t i = 0; i < kk; ++i) graph.launch(stream.get());
-      layer.account_steps(kk);
-      done += kk;
-      if (done % (chain * 1024) == 0 || done == steps) {
-        const LayerStatus st = layer.status();  // synchronizes
-        if (!st.ok()) {
-          std::printf("after %lld steps: sticky error: %s\n", (long long)done, st.message().c_str());
-          failed = true;
-          break;
-        }
-      }
-    }
-    std::printf("%-40s %lld steps in chains of %lld, len %lld, base %lld, status %s, %.1f s\n",
-                "graph-replayed decode steps:", (long long)done, (long long)chain,
-                (long long)layer.len(), (long long)layer.base(), layer.status().message().c_str(),
-                seconds());
-  }
-  const std::size_t free3 = free_bytes();
-  std::printf("%-40s free before %zu, after %zu, change %lld bytes\n", "device memory (steps phase):",
-              free2, free3, (long long)free3 - (long long)free2);
-  if (free3 < free2) failed = true;
-  std::printf("soak: %s\n", failed ? "FAIL" : "PASS");
-  return failed ? kExitFailure : kExitOk;
+  if (ok) ok = replay_steps(steps, chain, stream.get(), true);
+  ok = memory_unchanged("device memory (steps phase):", free2, free_bytes(), seconds()) && ok;
+  std::printf("soak: %s\n", ok ? "PASS" : "FAIL");
+  return ok ? kExitOk : kExitFailure;
 }
 
 }  // namespace
