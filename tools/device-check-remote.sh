@@ -78,6 +78,11 @@ for b in "${binaries[@]}"; do
   run_step "test ${b##*/}" "$work/logs/test_${b##*/}.log" "$test_timeout" \
     "$b" --gtest_color=no &
 done
+# The decode suite once more on the second kernel (the default is mma).
+if [[ -x "$build/bin/kvlayer_decode_test" ]]; then
+  run_step "test kvlayer_decode_test (cuda_core)" "$work/logs/test_kvlayer_decode_test_cuda_core.log" \
+    "$test_timeout" env KVLAYER_DECODE_KERNEL=cuda_core "$build/bin/kvlayer_decode_test" --gtest_color=no &
+fi
 wait
 
 # ---- 2. compute-sanitizer on the GPU test binaries ----------------------------------------------

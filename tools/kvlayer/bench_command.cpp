@@ -135,14 +135,23 @@ struct Bench {
     };
     record("decode",
            median_us(s(), 5, reps, [&](int i) { at(i).decode(q.as<float>(), out.as<float>()); }));
-    if (window)
-      record("decode_dcw", median_us(s(), 5, reps, [&](int i) {
-               at(i).decode_dcw(q.as<float>(), out.as<float>());
-             }));
-    else
-      record("decode_dc", median_us(s(), 5, reps, [&](int i) {
-               at(i).decode_dc(q.as<float>(), out.as<float>());
-             }));
+    const auto dc = [&](int i) {
+      window ? at(i).decode_dcw(q.as<float>(), out.as<float>())
+             : at(i).decode_dc(q.as<float>(), out.as<float>());
+    };
+    record(window ? "decode_dcw" : "decode_dc", median_us(s(), 5, reps, dc));
+    // The same calls replayed from a graph, 20 per replay (rotating layers): GPU time alone,
+    // without the host's launch work between the two events (what an engine's graph sees).
+    record(window ? "decode_dcw_graph" : "decode_dc_graph", graph_us(20, dc));
+  }
+
+  /// Median per-call µs of `count` calls f(0..count) captured once into a graph and replayed.
+  double graph_us(int count, const std::function<void(int)>& f) {
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
+    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < count; ++i) f(i);
+    const auto graph = cuda::detail::Graph::end_capture(s());
+    return median_us(s(), 3, std::max(5, reps / 5), [&](int) { graph.launch(s()); }) / count;
   }
 
   void append(std::int64_t n) {

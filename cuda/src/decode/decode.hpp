@@ -43,7 +43,7 @@ inline constexpr std::size_t kDecodePlaneAlignment = 16;
 /// Throws kvlayer::Error (refused) naming the value and the supported set for an unsupported
 /// head dim (64, 128, 256), gqa (1..16), n_kv_heads < 1, max_view_keys outside [1, 2^31 − 1]
 /// or multiprocessor_count < 1.
-/// The kernel is default_decode_kernel(): cuda_core unless the environment says otherwise.
+/// The kernel is default_decode_kernel(): mma unless the environment says otherwise.
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count);
 
@@ -52,7 +52,8 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
                        int multiprocessor_count, DecodeKernel kernel);
 
 /// The kernel a plan uses by default: the environment variable KVLAYER_DECODE_KERNEL
-/// (`mma` or `cuda_core`), read at plan time (layer construction), else cuda_core.
+/// (`mma` or `cuda_core`), read at plan time (layer construction), else mma (tensor cores;
+/// cuda_core is the first, CUDA-core kernel, kept as a second implementation under test).
 /// NOTE: a plan (and a graph captured from it) keeps its kernel; changing the variable later
 /// affects only layers constructed later. Throws kvlayer::Error (refused) for any other value.
 DecodeKernel default_decode_kernel();

@@ -17,9 +17,9 @@
 //      max), α = exp2f((m − m')·log2e) (exactly 1 when m' == m), p = exp2f((s − m')·log2e), IEEE
 //      exp2f. m starts at the finite sentinel −FLT_MAX; fmaxf ignores NaN scores, so m stays
 //      finite and a NaN score (canonical bad block) reaches the output through p.
-//  (3) p is rounded to fp16 (RNE) as the A operand of PV; V is dequantized per SPEC §4 in f32
-//      (__fmul_rn(d, q) is exact, __fadd_rn(·, m) rounds once: the reference's value), then
-//      rounded to fp16 (RNE) as the B operand. PV accumulates in f32 (mma accumulators, one per
+//  (3) p is rounded to fp16 (RNE) as the A operand of PV; the B operand is V = d·q + m
+//      computed by one fp16 fused multiply-add (HFMA2: d, m are the block's fp16 values, q is
+//      exact in fp16), i.e. the exact dequantized value rounded once to fp16 (accuracy.hpp (3)). PV accumulates in f32 (mma accumulators, one per
 //      (query head, column)). The row sum l uses the unrounded f32 p: per lane l·α + (4 keys),
 //      the 4 lanes of a row summed by an xor butterfly at the end.
 //  (4) The block merges its 4 warps in f32 (M = max m_w, w_w = exp2f((m_w − M)·log2e), warps in
@@ -129,6 +129,17 @@ __device__ __forceinline__ unsigned h2_bits(__half2 h) {
   return *reinterpret_cast<unsigned*>(&h);
 }
 
+__device__ __forceinline__ __half2 as_h2(unsigned bits) {
+  return *reinterpret_cast<__half2*>(&bits);
+}
+
+/// The 5-bit quants g, g + 8, g + 16, g + 24 of a q5_1 block in shared memory (bytes 0..3 of
+/// the result), from qs[g] (quants g | g+16 << 4), qs[g+8] (g+8 | g+24 << 4) and bits of qh.
+__device__ __forceinline__ unsigned v_quants5(const std::uint8_t* block, unsigned qh, int g) {
+  const unsigned x = unsigned(block[8 + g]) | (unsigned(block[16 + g]) << 8);
+  return ((x | (x << 12)) & 0x0f0f0f0fu) | (((qh >> g) << 4) & 0x10101010u);
+}
+
 /// fp16x2 of (lo, hi), each rounded to nearest even; lo in the low half (the lower k/n index).
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
   return h2_bits(__floats2half2_rn(lo, hi));
@@ -144,6 +155,41 @@ __device__ __forceinline__ void int8x4_to_f16x2x2(unsigned w, unsigned& lo, unsi
   lo = h2_bits(__hsub2(*reinterpret_cast<__half2*>(&l), bias));
   hi = h2_bits(__hsub2(*reinterpret_cast<__half2*>(&h), bias));
 }
+
+/// A lane's position in a tile copy of `n` chunks per key (chunk c = lane + 32·r is key c / n,
+/// chunk c % n): the key, and the byte offsets of the chunk in global memory and shared memory.
+struct ChunkWalk {
+  int key, chunk;
+  int src, dst;             ///< offsets from the tile's first key (global / shared)
+  int src_step, dst_step;   ///< offset change for 32 / n keys and 32 % n chunks
+  int src_wrap, dst_wrap;   ///< extra change when the chunk wraps into the next key
+
+  __device__ static ChunkWalk start(int lane, int n, int chunk_bytes, int tok_bytes,
+                                    int smem_stride) {
+    ChunkWalk w;
+    w.key = lane / n;
+    w.chunk = lane % n;
+    w.src = w.key * tok_bytes + w.chunk * chunk_bytes;
+    w.dst = w.key * smem_stride + w.chunk * chunk_bytes;
+    w.src_step = (32 / n) * tok_bytes + (32 % n) * chunk_bytes;
+    w.dst_step = (32 / n) * smem_stride + (32 % n) * chunk_bytes;
+    w.src_wrap = tok_bytes - n * chunk_bytes;
+    w.dst_wrap = smem_stride - n * chunk_bytes;
+    return w;
+  }
+  __device__ void next(int n) {
+    key += 32 / n;
+    chunk += 32 % n;
+    src += src_step;
+    dst += dst_step;
+    if (chunk >= n) {
+      chunk -= n;
+      key += 1;
+      src += src_wrap;
+      dst += dst_wrap;
+    }
+  }
+};
 
 /// One block per (split, KV head). GM: mma rows in use (8 when gqa ≤ 8: rows g + 8 are padding
 /// and skipped; else 16).
@@ -227,6 +273,12 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;  // this warp's
   std::uint8_t* wsmem = smem + warp * kStages * S::kStageBytes;
 
+  // This lane's copy walks: chunk c = lane + 32·r of a tile is (key c / n, chunk c % n) for
+  // n chunks per key; stepping c by 32 moves the key by 32 / n and the chunk by 32 % n (one
+  // more key on wrap), so no division is left in the loop.
+  const ChunkWalk k_walk = ChunkWalk::start(lane, 17, S::kKChunk, p.k_tok_bytes, S::kKStride);
+  const ChunkWalk v_walk = ChunkWalk::start(lane, S::kVChunks, 16, p.v_tok_bytes, S::kVStride);
+
   // Issues the copies of this warp's i-th tile (global warp tile warp + 4i) into its stage and
   // zero-fills the rows past the split's last key; always commits a group (wait counts tiles).
   auto issue = [&](int i) {
@@ -236,15 +288,12 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       const long long row0 = key0 - view.base;  // physical row of the tile's first key
       std::uint8_t* kd = wsmem + (i % kStages) * S::kStageBytes;
       std::uint8_t* vd = kd + S::kKRegion;
-      for (int c = lane; c < valid * 17; c += 32) {
-        const int k = c / 17, j = c % 17;
-        cp_async<S::kKChunk>(kd + k * S::kKStride + j * S::kKChunk,
-                             k_head + (row0 + k) * p.k_tok_bytes + j * S::kKChunk);
-      }
-      for (int c = lane; c < valid * S::kVChunks; c += 32) {
-        const int k = c / S::kVChunks, j = c % S::kVChunks;
-        cp_async<16>(vd + k * S::kVStride + j * 16, v_head + (row0 + k) * p.v_tok_bytes + j * 16);
-      }
+      const std::uint8_t* ks = k_head + row0 * p.k_tok_bytes;
+      const std::uint8_t* vs = v_head + row0 * p.v_tok_bytes;
+      for (ChunkWalk w = k_walk; w.key < valid; w.next(17))
+        cp_async<S::kKChunk>(kd + w.dst, ks + w.src);
+      for (ChunkWalk w = v_walk; w.key < valid; w.next(S::kVChunks))
+        cp_async<16>(vd + w.dst, vs + w.src);
       if (valid < kWK) {
         // Plain stores; ordered before the reads by the __syncwarp of the consuming iteration.
         for (int c = valid * S::kKStride / 4 + lane; c < kWK * S::kKStride / 4; c += 32)
@@ -369,36 +418,35 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
     }
 
-    // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g], fp16 of the f32 value. --
+    // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      float v[4][4];  // [key 2t, 2t+1, 2t+8, 2t+9][jj]
+      unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        const int key = 2 * t + (kk & 1) + 8 * (kk >> 1);
-        const std::uint8_t* blk = vs_base + key * S::kVStride + 24 * b;
-        const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
-        const float d = f16_bits(hdr.x & 0xffffu), m = f16_bits(hdr.x >> 16);
-        // Bytes qs[g] (quants g | g+16 << 4) and qs[g+8] (quants g+8 | g+24 << 4).
-        const unsigned x = unsigned(blk[8 + g]) | (unsigned(blk[16 + g]) << 8);
-        // Byte jj of q5 = quant g + 8jj: low nibbles, high nibbles, then bit g + 8jj of qh.
-        const unsigned q5 = ((x | (x << 12)) & 0x0f0f0f0fu) | (((hdr.y >> g) << 4) & 0x10101010u);
+      for (int pair = 0; pair < 2; ++pair) {
+        const std::uint8_t* blk0 = vs_base + (2 * t + 8 * pair) * S::kVStride + 24 * b;
+        const std::uint8_t* blk1 = blk0 + S::kVStride;
+        const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
+        const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
+        const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
+        const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
+        const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
-          // 2^23 + q as f32 bits, minus 2^23: q exactly.
-          const float qf =
-              __fsub_rn(__uint_as_float(__byte_perm(q5, 0x4b000000u, 0x7440u | jj)), 8388608.0f);
-          v[kk][jj] = __fadd_rn(__fmul_rn(d, qf), m);
+          // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
+          // with one rounding (HFMA2).
+          const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
+          const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
+          const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
+          vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
         }
       }
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj) {
-        const unsigned b0 = pack_f16x2(v[0][jj], v[1][jj]);
-        const unsigned b1 = pack_f16x2(v[2][jj], v[3][jj]);
         if constexpr (kHi)
-          mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, b0, b1);
+          mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
         else
-          mma_16816_top(o[4 * b + jj], pa0, pa2, b0, b1);
+          mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
       }
     }
   }

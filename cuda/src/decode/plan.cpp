@@ -13,7 +13,7 @@ namespace kvlayer::cuda::detail {
 
 DecodeKernel default_decode_kernel() {
   const char* env = std::getenv("KVLAYER_DECODE_KERNEL");
-  if (env == nullptr) return DecodeKernel::cuda_core;
+  if (env == nullptr) return DecodeKernel::mma;
   const std::string_view v(env);
   if (v == "cuda_core") return DecodeKernel::cuda_core;
   if (v == "mma") return DecodeKernel::mma;

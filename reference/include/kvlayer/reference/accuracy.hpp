@@ -8,8 +8,10 @@
 //      scale.
 //  (2) online softmax in f32: exp of (s − m) with a few-ulp exp, f32 running sums.
 //  (3) p is rounded to fp16 before it multiplies V; V is used at its exact dequantized f32
-//      value or that value rounded to fp16 (tensor-core operands); the row sum uses the
-//      unrounded f32 p. PV is accumulated in f32 over at most L = max_keys_per_split
+//      value, or that value rounded to fp16, or the exact d·q + m rounded once to fp16 (one
+//      fp16 fused multiply-add; it differs from the f32 value by at most (u16 + u32)·|V|, the
+//      u32 part covered by the "+ 8" of the accumulation term below) as tensor-core operands;
+//      the row sum uses the unrounded f32 p. PV is accumulated in f32 over at most L = max_keys_per_split
 //      sequential terms; S partial results are merged in f32.
 //
 // Derivation, per query head h and output element e (u16 = 2^-11, u32 = 2^-24, D = head_dim).
