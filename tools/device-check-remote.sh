@@ -12,6 +12,8 @@
 #                into tests (and CTest files) point there, so it is linked to this checkout.
 # Environment: OUT (logs; default ./device-check-out), KVLAYER_TEST_TIMEOUT (s per binary,
 # default 240), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 200),
+# KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
+# (processes they are split over, default 1), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
 # KVLAYER_SANITIZE_<TOOL>_<BINARY> (a gtest filter overriding the built-in one).
 set -uo pipefail
 
@@ -21,6 +23,8 @@ out=${OUT:-$PWD/device-check-out}
 test_timeout=${KVLAYER_TEST_TIMEOUT:-240}
 sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-200}
 sanitize_cases=${KVLAYER_SANITIZE_GPU_CASES:-25}  # model-based cases under each sanitizer
+sanitize_shards=${KVLAYER_SANITIZE_SHARDS:-1}     # processes they are split over, per tool
+sanitize_only=${KVLAYER_SANITIZE_ONLY:-0}         # 1: skip the plain test runs
 mkdir -p "$out"
 work=$(mktemp -d)
 results="$work/results"
@@ -74,12 +78,12 @@ for b in "$build"/bin/*; do
   if timeout 30 "$b" --gtest_list_tests >/dev/null 2>&1; then binaries+=("$b"); fi
 done
 echo "test binaries: ${binaries[*]##*/}"
-for b in "${binaries[@]}"; do
+((sanitize_only)) || for b in "${binaries[@]}"; do
   run_step "test ${b##*/}" "$work/logs/test_${b##*/}.log" "$test_timeout" \
     "$b" --gtest_color=no &
 done
 # The decode suite once more on the second kernel (the default is mma).
-if [[ -x "$build/bin/kvlayer_decode_test" ]]; then
+if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer_decode_test" ]]; then
   run_step "test kvlayer_decode_test (cuda_core)" "$work/logs/test_kvlayer_decode_test_cuda_core.log" \
     "$test_timeout" env KVLAYER_DECODE_KERNEL=cuda_core "$build/bin/kvlayer_decode_test" --gtest_color=no &
 fi
@@ -99,8 +103,8 @@ filter_for() {  # TOOL BINARY -> gtest filter ("" = do not sanitize this binary)
       echo 'CudaAppend.DataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*' ;;
     */kvlayer_decode_test)
       echo 'DecodeEdge.*:DecodeDeterminism.*' ;;
-    memcheck/test_model_cuda | racecheck/test_model_cuda | initcheck/test_model_cuda)
-      echo 'ModelCuda.*' ;;  # with KVLAYER_GPU_CASES=$sanitize_cases random cases
+    */test_model_cuda)
+      echo 'ModelCuda.*' ;;  # $sanitize_cases random cases, in $sanitize_shards processes
     *) echo '' ;;
   esac
 }
@@ -110,11 +114,22 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
       for b in "${binaries[@]}"; do
         filter=$(filter_for "$tool" "${b##*/}")
         [[ -n "$filter" ]] || continue
+        if [[ ${b##*/} == test_model_cuda ]]; then
+          # The random cases split over processes with their own seeds (the tool is slow).
+          for ((shard = 0; shard < sanitize_shards; ++shard)); do
+            run_step "$tool ${b##*/} shard $shard" "$work/logs/${tool}_${b##*/}_$shard.log" \
+              "$sanitize_timeout" env KVLAYER_GPU_CASES=$(((sanitize_cases + sanitize_shards - 1) / sanitize_shards)) \
+              KVLAYER_GPU_SEED=$((20261129 + 7919 * shard)) \
+              compute-sanitizer --tool "$tool" --error-exitcode 1 \
+              "$b" --gtest_color=no --gtest_filter="$filter" &
+          done
+          continue
+        fi
         run_step "$tool ${b##*/}" "$work/logs/${tool}_${b##*/}.log" "$sanitize_timeout" \
-          env KVLAYER_GPU_CASES="$sanitize_cases" \
           compute-sanitizer --tool "$tool" --error-exitcode 1 \
           "$b" --gtest_color=no --gtest_filter="$filter"
       done
+      wait
     ) &
   done
   wait
