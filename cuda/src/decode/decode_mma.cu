@@ -19,9 +19,10 @@
 //      finite and a NaN score (canonical bad block) reaches the output through p.
 //  (3) p is rounded to fp16 (RNE) as the A operand of PV; the B operand is V = d·q + m
 //      computed by one fp16 fused multiply-add (HFMA2: d, m are the block's fp16 values, q is
-//      exact in fp16), i.e. the exact dequantized value rounded once to fp16 (accuracy.hpp (3)). PV accumulates in f32 (mma accumulators, one per
-//      (query head, column)). The row sum l uses the unrounded f32 p: per lane l·α + (4 keys),
-//      the 4 lanes of a row summed by an xor butterfly at the end.
+//      exact in fp16), i.e. the exact dequantized value rounded once to fp16 (accuracy.hpp (3)). PV
+//      accumulates in f32 (mma accumulators, one per (query head, column)). The row sum l uses the
+//      unrounded f32 p: per lane l·α + (4 keys), the 4 lanes of a row summed by an xor butterfly at
+//      the end.
 //  (4) The block merges its 4 warps in f32 (M = max m_w, w_w = exp2f((m_w − M)·log2e), warps in
 //      order) into one partial, then the merge kernel merges splits as for decode.cu. Per
 //      accumulator: ≤ max_keys_per_split/4 keys per warp + 4 warp terms ≤ max_keys_per_split
@@ -156,13 +157,61 @@ __device__ __forceinline__ void int8x4_to_f16x2x2(unsigned w, unsigned& lo, unsi
   hi = h2_bits(__hsub2(*reinterpret_cast<__half2*>(&h), bias));
 }
 
+/// True when some value of the q5_1 block with header word `dm` (d | m << 16) may exceed
+/// fp16's range (|d·q + m| ≤ |d|·31 + |m|, exact enough in f32). NaN headers give false: the
+/// fp16 path propagates them as the f32 path would.
+__device__ __forceinline__ bool v_block_exceeds_f16(unsigned dm) {
+  return fabsf(f16_bits(dm & 0xffffu)) * 31.0f + fabsf(f16_bits(dm >> 16)) > 65504.0f;
+}
+
+/// PV of one 16-key warp tile on the CUDA cores, in f32, into the mma C-fragment accumulators:
+/// o[4b + jj][2r + e] (row g + 8r, column 32b + 8jj + 2t + e) += Σ_k p[row][k]·V[k][column],
+/// keys in order, p unrounded, V at its exact f32 value (SPEC §4; accuracy.hpp (3)).
+/// pr holds this lane's p in the C layout: pr[nt][2r + e] is key 8nt + 2t + e of row g + 8r.
+template <int NB, int kC, int kVStride>
+__device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float (&pr)[2][kC],
+                                            const std::uint8_t* vs_base, int lane) {
+  constexpr int R = kC / 2;
+  const int t = lane & 3;
+#pragma unroll 1
+  for (int k = 0; k < 16; ++k) {
+    // p of key k for this lane's rows: held by lane (g, (k % 8) / 2) of the quad.
+    const int nt = k / 8, e_src = k & 1, src = (lane & ~3) | ((k & 7) >> 1);
+    float pk[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float mine = nt == 0 ? (e_src ? pr[0][2 * r + 1] : pr[0][2 * r])
+                                 : (e_src ? pr[1][2 * r + 1] : pr[1][2 * r]);
+      pk[r] = __shfl_sync(kFullMask, mine, src);
+    }
+#pragma unroll
+    for (int b = 0; b < NB; ++b) {
+      const std::uint8_t* blk = vs_base + k * kVStride + 24 * b;
+      const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
+      const float d = f16_bits(hdr.x & 0xffffu), m = f16_bits(hdr.x >> 16);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int j = 8 * jj + 2 * t + e;  // quant index = column within the block
+          const unsigned byte = blk[8 + (j & 15)];
+          const unsigned q = ((jj < 2 ? byte : byte >> 4) & 0xfu) | (((hdr.y >> j) & 1u) << 4);
+          const float v = __fadd_rn(__fmul_rn(d, float(q)), m);
+#pragma unroll
+          for (int r = 0; r < R; ++r)
+            o[4 * b + jj][2 * r + e] = fmaf(pk[r], v, o[4 * b + jj][2 * r + e]);
+        }
+    }
+  }
+}
+
 /// A lane's position in a tile copy of `n` chunks per key (chunk c = lane + 32·r is key c / n,
 /// chunk c % n): the key, and the byte offsets of the chunk in global memory and shared memory.
 struct ChunkWalk {
   int key, chunk;
-  int src, dst;             ///< offsets from the tile's first key (global / shared)
-  int src_step, dst_step;   ///< offset change for 32 / n keys and 32 % n chunks
-  int src_wrap, dst_wrap;   ///< extra change when the chunk wraps into the next key
+  int src, dst;            ///< offsets from the tile's first key (global / shared)
+  int src_step, dst_step;  ///< offset change for 32 / n keys and 32 % n chunks
+  int src_wrap, dst_wrap;  ///< extra change when the chunk wraps into the next key
 
   __device__ static ChunkWalk start(int lane, int n, int chunk_bytes, int tok_bytes,
                                     int smem_stride) {
@@ -418,35 +467,48 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
     }
 
-    // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
+    // ---- PV. A V value beyond fp16's range cannot be a tensor-core operand: a tile with such
+    // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
+    bool wide = false;
 #pragma unroll
-    for (int b = 0; b < NB; ++b) {
-      unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
+    for (int b = 0; b < NB; ++b)
 #pragma unroll
-      for (int pair = 0; pair < 2; ++pair) {
-        const std::uint8_t* blk0 = vs_base + (2 * t + 8 * pair) * S::kVStride + 24 * b;
-        const std::uint8_t* blk1 = blk0 + S::kVStride;
-        const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
-        const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
-        const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
-        const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
-        const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
+      for (int kk = 0; kk < 4; ++kk)
+        wide = wide || v_block_exceeds_f16(*reinterpret_cast<const unsigned*>(
+                           vs_base + (2 * t + (kk & 1) + 8 * (kk >> 1)) * S::kVStride + 24 * b));
+    if (__any_sync(kFullMask, wide)) {
+      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane);
+    } else {
+// ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
+#pragma unroll
+      for (int b = 0; b < NB; ++b) {
+        unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
+#pragma unroll
+        for (int pair = 0; pair < 2; ++pair) {
+          const std::uint8_t* blk0 = vs_base + (2 * t + 8 * pair) * S::kVStride + 24 * b;
+          const std::uint8_t* blk1 = blk0 + S::kVStride;
+          const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
+          const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
+          const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
+          const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
+          const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
+#pragma unroll
+          for (int jj = 0; jj < 4; ++jj) {
+            // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
+            // with one rounding (HFMA2).
+            const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
+            const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
+            const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
+            vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
+          }
+        }
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
-          // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
-          // with one rounding (HFMA2).
-          const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
-          const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
-          const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
-          vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
+          if constexpr (kHi)
+            mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
+          else
+            mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
         }
-      }
-#pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
-        if constexpr (kHi)
-          mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
-        else
-          mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
       }
     }
   }

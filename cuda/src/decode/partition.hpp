@@ -24,9 +24,10 @@ inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 /// Resident tensor-core split blocks per multiprocessor (shared memory and the register cap of
 /// its __launch_bounds__): head dim 256 needs 96 KB of stages, gqa > 8 doubles the accumulators.
 // NOTE: a build-time tuning knob (bench/NOTES.md): blocks per SM of the mma kernel at D 128,
-// gqa ≤ 8 — 4 (16 warps, a few registers spilled) or 3 (12 warps, no spills).
+// gqa ≤ 8 — 3 (12 warps, no spills; 149 µs at 128K on the H200) or 4 (16 warps, 112 B
+// spilled; 163 µs).
 #ifndef KVLAYER_MMA_D128_BLOCKS_PER_SM
-#define KVLAYER_MMA_D128_BLOCKS_PER_SM 4
+#define KVLAYER_MMA_D128_BLOCKS_PER_SM 3
 #endif
 __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa) {
   return head_dim == 256 ? 2 : (head_dim == 128 ? (gqa > 8 ? 3 : KVLAYER_MMA_D128_BLOCKS_PER_SM) : 4);
