@@ -14,6 +14,7 @@
 # default 240), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 200),
 # KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
 # (processes they are split over, default 1), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
+# KVLAYER_SANITIZE_SEQUENTIAL=1 (the four tools one after another, for many shards),
 # KVLAYER_SANITIZE_<TOOL>_<BINARY> (a gtest filter overriding the built-in one).
 set -uo pipefail
 
@@ -25,6 +26,7 @@ sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-200}
 sanitize_cases=${KVLAYER_SANITIZE_GPU_CASES:-25}  # model-based cases under each sanitizer
 sanitize_shards=${KVLAYER_SANITIZE_SHARDS:-1}     # processes they are split over, per tool
 sanitize_only=${KVLAYER_SANITIZE_ONLY:-0}         # 1: skip the plain test runs
+sanitize_sequential=${KVLAYER_SANITIZE_SEQUENTIAL:-0}  # 1: one tool at a time
 mkdir -p "$out"
 work=$(mktemp -d)
 results="$work/results"
@@ -131,6 +133,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
       done
       wait
     ) &
+    ((sanitize_sequential)) && wait  # one tool at a time: its shards get every core
   done
   wait
 else

@@ -1,7 +1,6 @@
 // Quantized append: K rows -> q8_0 blocks, V rows -> q5_1 blocks, bit-exact with
 // reference/src/quantize.cpp (SPEC §3). One warp per 32-value block: lane j loads value j
-// (coalesced); the block quantizers (quantize_warp.cuh) reduce with warp shuffles. A warp
-// quantizes kBlocksPerWarp consecutive blocks per pass, their loads issued first.
+// (coalesced); the block quantizers (quantize_warp.cuh) reduce with warp shuffles.
 //
 // NOTE: exactness rests on IEEE arithmetic with explicit rounding intrinsics and on this
 // target's -fmad=false --prec-div=true --ftz=false (cuda/CMakeLists.txt); never fast-math.
@@ -20,7 +19,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarpsPerBlock * 32;
-constexpr int kBlocksPerWarp = 8;  ///< 32-value blocks per warp per pass (loads in flight)
 constexpr long long kMaxGrid = 1 << 20;  ///< the warp loop strides past this
 
 constexpr int kPlaneK = 0;
@@ -45,7 +43,7 @@ __device__ inline float load_value(const void* p, long long i) {
 }
 
 template <DType T, AppendMode M>
-__global__ void __launch_bounds__(kThreads, 4) append_kernel(AppendArgs a) {
+__global__ void __launch_bounds__(kThreads) append_kernel(AppendArgs a) {
   const int lane = int(threadIdx.x & 31u);
   long long physical0 = a.physical_row0;
   long long logical0 = a.logical_row0;
@@ -75,44 +73,23 @@ __global__ void __launch_bounds__(kThreads, 4) append_kernel(AppendArgs a) {
   const long long per_row = kb + vb;
   const long long total = a.n * per_row;
   const long long warps_in_grid = static_cast<long long>(gridDim.x) * kWarpsPerBlock;
-  // Block index w (row r = w / per_row, block b = w % per_row: K blocks first) → its input.
-  const auto input = [&](long long r, long long b) {
-    return b < kb ? load_value<T>(a.k, r * a.kv_dim_k + b * kBlockValues + lane)
-                  : load_value<T>(a.v, r * a.kv_dim_v + (b - kb) * kBlockValues + lane);
-  };
-  // NOTE: each warp takes kBlocksPerWarp consecutive blocks and loads them all before
-  // quantizing any, so that enough bytes are in flight to stream at memory rate (one 128-byte
-  // load per warp at a time leaves the SM latency-bound). `w0` is the same on every lane of a
-  // warp, so whole warps iterate and exit together.
-  for (long long w0 = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32 *
-                      kBlocksPerWarp;
-       w0 < total; w0 += warps_in_grid * kBlocksPerWarp) {
-    const long long r0 = w0 / per_row, b0 = w0 % per_row;
-    float x[kBlocksPerWarp];
-    {
-      long long r = r0, b = b0;
-#pragma unroll
-      for (int u = 0; u < kBlocksPerWarp; ++u) {
-        x[u] = w0 + u < total ? input(r, b) : 0.0f;
-        if (++b == per_row) b = 0, ++r;
-      }
-    }
-    long long r = r0, b = b0;
-#pragma unroll
-    for (int u = 0; u < kBlocksPerWarp; ++u) {
-      if (w0 + u >= total) break;
-      float bad = 0.0f;
-      if (b < kb) {
-        std::uint8_t* blk = a.k_plane + (physical0 + r) * a.k_tok_bytes + b * kQ8_0BlockBytes;
-        if (quantize_q8_0_warp(x[u], blk, lane, &bad) && lane == 0)
-          record_data_error(a.status, logical0 + r, kPlaneK, b, bad);
-      } else {
-        const long long vblock = b - kb;
-        std::uint8_t* blk = a.v_plane + (physical0 + r) * a.v_tok_bytes + vblock * kQ5_1BlockBytes;
-        if (quantize_q5_1_warp(x[u], blk, lane, &bad) && lane == 0)
-          record_data_error(a.status, logical0 + r, kPlaneV, vblock, bad);
-      }
-      if (++b == per_row) b = 0, ++r;
+  // NOTE: `w` is the same on every lane of a warp, so whole warps iterate and exit together.
+  for (long long w = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       w < total; w += warps_in_grid) {
+    const long long r = w / per_row;
+    const long long b = w % per_row;
+    float bad = 0.0f;
+    if (b < kb) {
+      const float x = load_value<T>(a.k, r * a.kv_dim_k + b * kBlockValues + lane);
+      std::uint8_t* blk = a.k_plane + (physical0 + r) * a.k_tok_bytes + b * kQ8_0BlockBytes;
+      if (quantize_q8_0_warp(x, blk, lane, &bad) && lane == 0)
+        record_data_error(a.status, logical0 + r, kPlaneK, b, bad);
+    } else {
+      const long long vblock = b - kb;
+      const float x = load_value<T>(a.v, r * a.kv_dim_v + vblock * kBlockValues + lane);
+      std::uint8_t* blk = a.v_plane + (physical0 + r) * a.v_tok_bytes + vblock * kQ5_1BlockBytes;
+      if (quantize_q5_1_warp(x, blk, lane, &bad) && lane == 0)
+        record_data_error(a.status, logical0 + r, kPlaneV, vblock, bad);
     }
   }
 }
@@ -136,9 +113,8 @@ cudaError_t launch_typed(const AppendArgs& a, AppendMode mode, dim3 grid, cudaSt
 }  // namespace
 
 cudaError_t launch_append(const AppendArgs& a, AppendMode mode, cudaStream_t stream) {
-  const long long blocks = a.n * (a.kv_dim_k / kBlockValues + a.kv_dim_v / kBlockValues);
-  if (blocks <= 0) return cudaSuccess;
-  const long long warps = (blocks + kBlocksPerWarp - 1) / kBlocksPerWarp;
+  const long long warps = a.n * (a.kv_dim_k / kBlockValues + a.kv_dim_v / kBlockValues);
+  if (warps <= 0) return cudaSuccess;
   const dim3 grid(
       static_cast<unsigned>(std::min((warps + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxGrid)));
   switch (a.dtype) {
