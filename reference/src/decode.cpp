@@ -24,7 +24,7 @@ struct HeadCache {
 /// Softmax of every column of a score matrix [keys × query heads] (one column per query head
 /// of a KV head, so the whole GQA group is one matrix product).
 struct ColumnSoftmax {
-  MatrixXd scores, p;       ///< [keys × heads]: scale·K·q, and the probabilities
+  MatrixXd scores, p;         ///< [keys × heads]: scale·K·q, and the probabilities
   Eigen::RowVectorXd top, l;  ///< per head: the largest score and Σ exp(score − top)
 };
 
@@ -75,7 +75,9 @@ MatrixXd query_columns(std::span<const float> q, int first, int count, int head_
 
 }  // namespace
 
-float default_scale(int head_dim_k) { return 1.0f / std::sqrt(float(head_dim_k)); }
+float default_scale(int head_dim_k) {
+  return 1.0f / std::sqrt(float(head_dim_k));
+}
 
 void KvLayer::check_query(std::span<const float> q, int n_q_heads, const char* operation) const {
   const Geometry& g = geometry_;
@@ -99,7 +101,8 @@ std::vector<double> KvLayer::attend(std::span<const float> q, int n_q_heads,
   for (int kv = 0; kv < g.n_kv_heads; ++kv) {
     const HeadCache c = gather_head(*this, kv, DecodeView{lbegin, lend, base});
     const MatrixXd o =  // [head_dim_v × gqa]
-        c.v.transpose() * softmax_columns(c.k, query_columns(q, kv * gqa, gqa, g.head_dim_k, false), s).p;
+        c.v.transpose() *
+        softmax_columns(c.k, query_columns(q, kv * gqa, gqa, g.head_dim_k, false), s).p;
     for (int j = 0; j < gqa; ++j)
       for (int e = 0; e < g.head_dim_v; ++e)
         out[std::size_t(kv * gqa + j) * g.head_dim_v + e] = o(e, j);
@@ -108,7 +111,8 @@ std::vector<double> KvLayer::attend(std::span<const float> q, int n_q_heads,
 }
 
 std::pair<std::int64_t, std::int64_t> KvLayer::view() const {
-  const std::int64_t begin = geometry_.window ? std::max<std::int64_t>(0, len_ - *geometry_.window) : 0;
+  const std::int64_t begin =
+      geometry_.window ? std::max<std::int64_t>(0, len_ - *geometry_.window) : 0;
   return {begin, len_};
 }
 
@@ -132,8 +136,8 @@ std::optional<std::vector<double>> KvLayer::decode_dc(std::span<const float> q, 
            "; windowed layers use decode_dcw");
   if (len_d_ > geometry_.max_ctx) {
     if (!status_.device_error)
-      status_.device_error = DeviceError{DeviceErrorKind::decode_view_too_long, len_d_, base_d_,
-                                         geometry_.max_ctx};
+      status_.device_error =
+          DeviceError{DeviceErrorKind::decode_view_too_long, len_d_, base_d_, geometry_.max_ctx};
     return std::nullopt;
   }
   if (!compute_output) return std::vector<double>{};
@@ -159,9 +163,9 @@ std::optional<std::vector<double>> KvLayer::decode_dcw(std::span<const float> q,
   return attend(q, n_q_heads, scale, begin, len_d_, base_d_);
 }
 
-std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q,
-                                     int n_q_heads, std::optional<float> scale,
-                                     const DecodeView& view, const AccumulationShape& shape) {
+std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q, int n_q_heads,
+                                     std::optional<float> scale, const DecodeView& view,
+                                     const AccumulationShape& shape) {
   const Geometry& g = layer.geometry();
   const int gqa = n_q_heads / g.n_kv_heads;
   const double s = scale.value_or(default_scale(g.head_dim_k));
@@ -175,7 +179,8 @@ std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float
     const MatrixXdR abs_v = c.v.cwiseAbs();
     const MatrixXd q_exact = query_columns(q, kv * gqa, gqa, g.head_dim_k, false);
     const MatrixXd q16 = query_columns(q, kv * gqa, gqa, g.head_dim_k, true);
-    const ColumnSoftmax exact = softmax_columns(c.k, q_exact, s), rounded = softmax_columns(c.k, q16, s);
+    const ColumnSoftmax exact = softmax_columns(c.k, q_exact, s),
+                        rounded = softmax_columns(c.k, q16, s);
     const MatrixXd magnitude = std::fabs(s) * (abs_k * q16.cwiseAbs());  // [keys × gqa]
     const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
     const double accumulation =
@@ -192,11 +197,15 @@ std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float
           (8 * u32 * (1.0 + (rounded.top(j) - rounded.scores.col(j).array()).abs())).matrix();
       const double spread = std::expm1(2 * delta.maxCoeff());
       const std::size_t h = std::size_t(kv * gqa + j);
-      for (int e = 0; e < g.head_dim_v; ++e)
-        bound[h * g.head_dim_v + e] =
-            std::fabs(o_rounded(e, j) - o_exact(e, j)) +
-            (spread + 2 * u16 + u16 * u16) * term_v(e, j) + std::ldexp(1.0, -25) +
-            accumulation * 2 * term_b(e, j) + std::ldexp(1.0, -24) * block_max_sum(e) / rounded.l(j);
+      for (int e = 0; e < g.head_dim_v; ++e) {
+        // NOTE: a column whose attended V is all zero has no score or rounding error, even
+        // when the score perturbation is unbounded (spread = inf): inf · 0 must not be NaN.
+        const double perturbation =
+            term_v(e, j) > 0 ? (spread + 2 * u16 + u16 * u16) * term_v(e, j) : 0.0;
+        bound[h * g.head_dim_v + e] = std::fabs(o_rounded(e, j) - o_exact(e, j)) + perturbation +
+                                      std::ldexp(1.0, -25) + accumulation * 2 * term_b(e, j) +
+                                      std::ldexp(1.0, -24) * block_max_sum(e) / rounded.l(j);
+      }
     }
   }
   return bound;

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kvlayer/reference/accuracy.hpp"
 #include "testbed.hpp"
 
 namespace {
@@ -200,6 +201,32 @@ TEST(Decode, LargeScoresDoNotOverflow) {
   const auto out = l.decode(q, 1, 1000.0f);
   for (double x : out) EXPECT_TRUE(std::isfinite(x));
   EXPECT_EQ(compare_outputs(oracle_for(l, q, 1, 1000.0f), out), "");
+}
+
+TEST(DecodeTolerance, NeverNaNWhenScoresAreUnboundedAndAVColumnIsZero) {
+  // Huge K and q: the score perturbation term is unbounded (e^{2Δ} − 1 = inf). V's first block
+  // is all zero: its columns have no error at all, so their bound must be finite (not inf · 0).
+  const Geometry g = flat_geometry(1, 64, 64, 16);
+  KvLayer l(g);
+  Rng rng(11);
+  HostRows r = random_rows(g, 16, rng);
+  for (float& x : r.k) x *= 50.0f;
+  for (std::int64_t t = 0; t < 16; ++t)
+    for (int j = 0; j < 32; ++j) r.v[std::size_t(t * 64 + j)] = 0.0f;
+  l.append(r.view());
+  ASSERT_TRUE(l.status().ok()) << l.status().message();
+  auto q = random_query(g, 2, rng);
+  for (float& x : q) x *= 1000.0f;
+  const auto bound = kvlayer::ref::decode_tolerance(l, q, 2, 0.3f, {0, 16, 0}, {16, 1, -1});
+  for (int h = 0; h < 2; ++h)
+    for (int e = 0; e < 64; ++e) {
+      const double b = bound[std::size_t(h * 64 + e)];
+      EXPECT_FALSE(std::isnan(b)) << "head " << h << " column " << e;
+      if (e < 32) {
+        EXPECT_TRUE(std::isfinite(b)) << "zero column " << e << ": " << b;
+      }
+    }
+  EXPECT_TRUE(std::isinf(bound[40])) << "the scores here are meant to be unbounded";
 }
 
 TEST(Decode, HostAndDeviceCounterDecodesAgreeWhenTheCountersAgree) {

@@ -16,7 +16,9 @@ std::uint64_t Rng::next() {
   return z ^ (z >> 31);
 }
 
-double Rng::uniform() { return double(next() >> 11) * 0x1.0p-53; }
+double Rng::uniform() {
+  return double(next() >> 11) * 0x1.0p-53;
+}
 
 std::int64_t Rng::range(std::int64_t lo, std::int64_t hi) {
   return lo + std::int64_t(next() % std::uint64_t(hi - lo + 1));
@@ -104,9 +106,13 @@ void fill_block(float* x, DataKind kind, bool k_side, double sigma, Rng& rng) {
       for (int j = 0; j < n; ++j) x[j] = float(sigma * rng.normal());
       break;
     case DataKind::wide: {
-      // Scales 1e-4 … 1e5: the top reaches V values beyond fp16's range (65504).
+      // Scales 1e-4 … 1e5. A quarter of the blocks are one-sided with a zero: q5_1's m (0) and
+      // d (max / 31) stay in fp16 while the dequantized values reach far beyond 65504.
       const double s = std::pow(10.0, rng.uniform() * 9 - 4);
-      for (int j = 0; j < n; ++j) x[j] = float(s * rng.normal());
+      const bool one_sided = rng.range(0, 3) == 0;
+      for (int j = 0; j < n; ++j)
+        x[j] = float(one_sided ? std::fabs(s * rng.normal()) : s * rng.normal());
+      if (one_sided) x[rng.range(0, n - 1)] = 0.0f;
       break;
     }
     case DataKind::integers:

@@ -88,9 +88,10 @@ TEST(DecodePlan, MmaPlanFillsTheGpu) {
   const auto p = plan_decode(8, 128, 8, 131072, 132, DecodeKernel::mma);
   EXPECT_EQ(p.kernel, DecodeKernel::mma);
   EXPECT_EQ(p.tile_keys, 64);
-  EXPECT_EQ(p.n_splits, 66);              // 4 blocks per SM at D 128, gqa 8
-  EXPECT_EQ(p.max_keys_per_split, 2048);  // ceil(131072 / 66) = 1986 → whole 64-key tiles
-  EXPECT_EQ(p.max_rescales, 2048 / 64 + 1);
+  EXPECT_EQ(p.n_splits, 50);              // 3 blocks per SM at D 128, gqa 8
+  EXPECT_EQ(p.max_keys_per_split, 2624);  // ceil(131072 / 50) = 2622 → whole 64-key tiles
+  EXPECT_EQ(p.max_rescales, 2624 / 64 + 1);
+  EXPECT_EQ(plan_decode(8, 64, 8, 131072, 132, DecodeKernel::mma).n_splits, 66);    // 4 per SM
   EXPECT_EQ(plan_decode(8, 256, 8, 131072, 132, DecodeKernel::mma).n_splits, 33);   // 2 per SM
   EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 50);  // 3 per SM
 }
@@ -204,7 +205,9 @@ TEST_P(DecodeSweep, FlatWindowedViews) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeSweep, ::testing::Values(64, 128, 256),
-                         [](const auto& info) { return std::string("D").append(std::to_string(info.param)); });
+                         [](const auto& info) {
+                           return std::string("D").append(std::to_string(info.param));
+                         });
 
 /// No GPU needed: the host model over lengths and plans stays within the contract.
 TEST_P(DecodeSweep, ModelLengthsWithinContract) {
@@ -277,12 +280,15 @@ TEST_P(DecodeRing, ViewsFollowTheBase) {
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeRing, ::testing::Values(64, 128, 256),
-                         [](const auto& info) { return std::string("D").append(std::to_string(info.param)); });
+                         [](const auto& info) {
+                           return std::string("D").append(std::to_string(info.param));
+                         });
 
 // ---- Adversarial score distributions ---------------------------------------------------------
 
-/// wide_values is about V, not scores: block scales up to 2^18, so some dequantized values lie
-/// beyond fp16's range (the mma kernel must take those tiles off the tensor cores).
+/// wide_values is about V, not scores: non-negative blocks with scales up to 2^20, so some
+/// dequantized values lie beyond fp16's range (the mma kernel must take those tiles off the
+/// tensor cores).
 enum class Scores { large_range, dominant_key, tiny_p, increasing, equal_keys, wide_values };
 
 std::string name_of(Scores s) {
@@ -322,9 +328,14 @@ Scenario adversarial(int head_dim, Scores kind) {
   std::vector<float> k =
       random_rows(rng, kKeys, g.kv_dim_k(), kind == Scores::large_range ? -2 : -3,
                   kind == Scores::large_range ? 3 : 1);
-  const std::vector<float> v = kind == Scores::wide_values
-                                   ? random_rows(rng, kKeys, g.kv_dim_v(), -3, 18)
-                                   : random_rows(rng, kKeys, g.kv_dim_v());
+  std::vector<float> v = kind == Scores::wide_values ? random_rows(rng, kKeys, g.kv_dim_v(), -3, 20)
+                                                     : random_rows(rng, kKeys, g.kv_dim_v());
+  // Non-negative blocks with a zero in each keep q5_1's m (the minimum, 0) and d = max / 31
+  // inside fp16 while d·q + m reaches 2^20.
+  if (kind == Scores::wide_values) {
+    for (float& x : v) x = std::fabs(x);
+    for (std::size_t b = 0; b < v.size(); b += 32) v[b] = 0.0f;
+  }
   // K of key t, KV head h, from the first query head of h's group: score ≈ factor·√D/3.
   const auto along_q = [&](std::int64_t t, int h, float factor) {
     for (int d = 0; d < head_dim; ++d)

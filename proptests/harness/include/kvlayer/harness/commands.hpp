@@ -15,7 +15,7 @@ namespace kvlayer::harness {
 /// How the values of appended rows are drawn (see row_data.hpp).
 enum class DataKind : std::uint8_t {
   gaussian,   ///< N(0, σ²), σ = 10^u with u drawn per command in [−2, 2]
-  wide,       ///< every block its own scale 10^u, u in [−4, 5] (V beyond fp16 range at the top)
+  wide,       ///< every block its own scale 10^u, u in [−4, 5]; a quarter one-sided (V beyond fp16)
   integers,   ///< small integers: exact in every format
   ties,       ///< blocks whose quantization hits exact half-way ties (q8_0 and q5_1)
   constant,   ///< constant blocks (q5_1 d = 0) mixed with zero blocks
