@@ -15,6 +15,7 @@
 # KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
 # (processes they are split over, default 1), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
 # KVLAYER_SANITIZE_SEQUENTIAL=1 (the four tools one after another, for many shards),
+# KVLAYER_SANITIZE_MAX_SIZE_<TOOL> (commands in the largest model case under TOOL, default 150),
 # KVLAYER_SANITIZE_<TOOL>_<BINARY> (a gtest filter overriding the built-in one).
 set -uo pipefail
 
@@ -119,9 +120,10 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         if [[ ${b##*/} == test_model_cuda ]]; then
           # The random cases split over processes with their own seeds (the tool is slow).
           for ((shard = 0; shard < sanitize_shards; ++shard)); do
+            size_var="KVLAYER_SANITIZE_MAX_SIZE_${tool^^}"
             run_step "$tool ${b##*/} shard $shard" "$work/logs/${tool}_${b##*/}_$shard.log" \
               "$sanitize_timeout" env KVLAYER_GPU_CASES=$(((sanitize_cases + sanitize_shards - 1) / sanitize_shards)) \
-              KVLAYER_GPU_SEED=$((20261129 + 7919 * shard)) \
+              KVLAYER_GPU_SEED=$((20261129 + 7919 * shard)) KVLAYER_GPU_MAX_SIZE="${!size_var:-150}" \
               compute-sanitizer --tool "$tool" --error-exitcode 1 \
               "$b" --gtest_color=no --gtest_filter="$filter" &
           done

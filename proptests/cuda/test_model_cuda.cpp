@@ -11,7 +11,8 @@
 namespace kvlayer::harness {
 namespace {
 
-/// KVLAYER_GPU_CASES / KVLAYER_GPU_SEED override the CI defaults.
+/// KVLAYER_GPU_CASES / KVLAYER_GPU_SEED / KVLAYER_GPU_MAX_SIZE (commands in the largest case)
+/// override the defaults.
 std::int64_t env_or(const char* name, std::int64_t fallback) {
   const char* v = std::getenv(name);
   return v ? std::strtoll(v, nullptr, 10) : fallback;
@@ -22,6 +23,7 @@ TEST(ModelCuda, RandomSequencesMatchTheReferenceByteForByte) {
   CampaignConfig config;
   config.seed = std::uint64_t(env_or("KVLAYER_GPU_SEED", 20261129));
   config.cases = env_or("KVLAYER_GPU_CASES", 200);
+  config.max_size = int(env_or("KVLAYER_GPU_MAX_SIZE", config.max_size));
   config.make_system = cuda_system_factory();
   const CampaignResult r = run_campaign(config);
   std::cout << "cases " << r.cases << ", bytes compared " << r.stats.bytes_compared
