@@ -201,6 +201,9 @@ __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float 
           for (int r = 0; r < R; ++r)
             o[4 * b + jj][2 * r + e] = fmaf(pk[r], v, o[4 * b + jj][2 * r + e]);
         }
+      // NOTE: keeps the next block's loads from being hoisted here: on this rare path,
+      // registers matter more than latency (the hot loop around it must not spill).
+      asm volatile("" ::: "memory");
     }
   }
 }
@@ -469,13 +472,15 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 
     // ---- PV. A V value beyond fp16's range cannot be a tensor-core operand: a tile with such
     // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
+    // The tile's 16·NB block headers, NB / 2 per lane (header i = lane + 32r: key i % 16,
+    // block i / 16), then one vote.
     bool wide = false;
 #pragma unroll
-    for (int b = 0; b < NB; ++b)
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wide = wide || v_block_exceeds_f16(*reinterpret_cast<const unsigned*>(
-                           vs_base + (2 * t + (kk & 1) + 8 * (kk >> 1)) * S::kVStride + 24 * b));
+    for (int r = 0; r < NB / 2; ++r) {
+      const int i = lane + 32 * r;
+      wide = wide || v_block_exceeds_f16(*reinterpret_cast<const unsigned*>(
+                         vs_base + (i % 16) * S::kVStride + 24 * (i / 16)));
+    }
     if (__any_sync(kFullMask, wide)) {
       pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane);
     } else {
