@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -264,6 +265,60 @@ struct ErrorCase {
   int status;
   std::string message;  // the whole of stderr
 };
+
+/// Runs each case: exact stderr, exit status, nothing on stdout.
+void expect_errors(const std::vector<ErrorCase>& cases,
+                   const std::function<Result(const std::vector<std::string>&)>& run) {
+  for (const auto& c : cases) {
+    const Result r = run(c.args);
+    EXPECT_EQ(r.status, c.status) << c.message;
+    EXPECT_EQ(r.err, c.message);
+    EXPECT_EQ(r.out, "");
+  }
+}
+
+TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
+  std::vector<ErrorCase> cases = {
+      {{"fuzz", "--cases", "0"},
+       2,
+       "kvlayer fuzz: --cases '0' must be an integer in [1, 1000000000]\n"},
+      {{"fuzz", "--minutes", "-1"},
+       2,
+       "kvlayer fuzz: --minutes '-1' must be a number in (0, 100000]\n"},
+      {{"fuzz", "--seed", "abc"},
+       2,
+       "kvlayer fuzz: --seed 'abc' must be an integer in [0, 9223372036854775807]\n"},
+      {{"fuzz", "--max-size", "0"},
+       2,
+       "kvlayer fuzz: --max-size '0' must be an integer in [1, 10000]\n"},
+      {{"fuzz", "--bogus"},
+       2,
+       "kvlayer fuzz: unknown option '--bogus' (options: --cases, --minutes, --seed, --max-size, "
+       "--replay-dir, --reference-only, --help)\n"},
+      {{"replay"},
+       2,
+       "kvlayer replay: missing FILE (usage: kvlayer replay FILE [--reference-only])\n"},
+      {{"replay", "a.json", "b.json"},
+       2,
+       "kvlayer replay: unexpected argument 'b.json' (options take the form --name value)\n"},
+      {{"replay", path("missing.json").string()},
+       1,
+       "kvlayer replay: replay file " + path("missing.json").string() + ": cannot be read\n"},
+  };
+  // The GPU commands exist where CUDA was built; their options are checked before any GPU.
+  if (run({"--help"}).out.find("soak") != std::string::npos) {
+    cases.push_back({{"bench", "--reps", "2"},
+                     2,
+                     "kvlayer bench: --reps '2' must be an integer in [5, 100000]\n"});
+    cases.push_back({{"soak", "--cycles", "-1"},
+                     2,
+                     "kvlayer soak: --cycles '-1' must be an integer in [0, 100000000]\n"});
+    cases.push_back({{"soak", "--chain", "0"},
+                     2,
+                     "kvlayer soak: --chain '0' must be an integer in [1, 4096]\n"});
+  }
+  expect_errors(cases, [&](const std::vector<std::string>& a) { return run(a); });
+}
 
 TEST_F(Cli, UsageErrorsExit2WithOneLine) {
   write_raw("in.f32", values(64, 1));
