@@ -10,7 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -30,6 +30,12 @@ using kvlayer::ref::BlockType;
 struct Result {
   int status = -1;
   std::string out, err;
+};
+
+struct ErrorCase {
+  std::vector<std::string> args;
+  int status;
+  std::string message;  // the whole of stderr
 };
 
 std::string slurp(const fs::path& p) {
@@ -61,6 +67,21 @@ class Cli : public ::testing::Test {
     r.out = slurp(path("stdout"));
     r.err = slurp(path("stderr"));
     return r;
+  }
+
+  /// Runs each error case: exact stderr and exit status, nothing on stdout and, when given,
+  /// no file at `untouched` (nothing may be written on an error).
+  void expect_errors(const std::vector<ErrorCase>& cases,
+                     const std::optional<fs::path>& untouched = std::nullopt) const {
+    for (const auto& c : cases) {
+      const Result r = run(c.args);
+      EXPECT_EQ(r.status, c.status) << c.message;
+      EXPECT_EQ(r.err, c.message);
+      EXPECT_EQ(r.out, "") << c.message;
+      if (untouched) {
+        EXPECT_FALSE(fs::exists(*untouched)) << "written on an error: " << c.message;
+      }
+    }
   }
 
   void write_raw(const std::string& name, const std::vector<float>& v) const {
@@ -260,23 +281,6 @@ TEST_F(Cli, BadBlocksWarnButTheOutputIsWritten) {
 
 // ---- errors: exact message, exit status ---------------------------------------------------------
 
-struct ErrorCase {
-  std::vector<std::string> args;
-  int status;
-  std::string message;  // the whole of stderr
-};
-
-/// Runs each case: exact stderr, exit status, nothing on stdout.
-void expect_errors(const std::vector<ErrorCase>& cases,
-                   const std::function<Result(const std::vector<std::string>&)>& run) {
-  for (const auto& c : cases) {
-    const Result r = run(c.args);
-    EXPECT_EQ(r.status, c.status) << c.message;
-    EXPECT_EQ(r.err, c.message);
-    EXPECT_EQ(r.out, "");
-  }
-}
-
 TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
   std::vector<ErrorCase> cases = {
       {{"fuzz", "--cases", "0"},
@@ -317,7 +321,7 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
                      2,
                      "kvlayer soak: --chain '0' must be an integer in [1, 4096]\n"});
   }
-  expect_errors(cases, [&](const std::vector<std::string>& a) { return run(a); });
+  expect_errors(cases);
 }
 
 TEST_F(Cli, UsageErrorsExit2WithOneLine) {
@@ -356,13 +360,7 @@ TEST_F(Cli, UsageErrorsExit2WithOneLine) {
        2,
        "kvlayer selfcheck: unknown option '--fast' (options: --golden, --verbose, --help)\n"},
   };
-  for (const auto& c : cases) {
-    const Result r = run(c.args);
-    EXPECT_EQ(r.status, c.status) << c.message;
-    EXPECT_EQ(r.err, c.message);
-    EXPECT_EQ(r.out, "");
-    EXPECT_FALSE(fs::exists(out)) << "nothing may be written on a usage error";
-  }
+  expect_errors(cases, out);
 }
 
 TEST_F(Cli, DataAndIoErrorsExit1NamingValueAndLimit) {
@@ -444,12 +442,7 @@ TEST_F(Cli, DataAndIoErrorsExit1NamingValueAndLimit) {
        1,
        "kvlayer dequantize: " + p("missing.q5") + ": cannot read (No such file or directory)\n"},
   };
-  for (const auto& c : cases) {
-    const Result r = run(c.args);
-    EXPECT_EQ(r.status, c.status) << c.message;
-    EXPECT_EQ(r.err, c.message);
-    EXPECT_FALSE(fs::exists(out)) << "nothing may be written on an input error: " << c.message;
-  }
+  expect_errors(cases, out);
 }
 
 // ---- selfcheck ----------------------------------------------------------------------------------
