@@ -33,6 +33,7 @@
 #include "kvlayer/reference/kv_layer.hpp"
 #include "kvlayer/reference/quantize.hpp"
 #include "kvlayer/status.hpp"
+#include "support/splitmix_rng.hpp"
 
 namespace kvtest {
 
@@ -45,27 +46,7 @@ using kvlayer::ref::KvLayer;
 
 // ---- initialize ---------------------------------------------------------------------------
 
-/// Small deterministic generator (splitmix64): the same seed gives the same inputs with every
-/// standard library, unlike std::uniform_real_distribution.
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : s_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform in [lo, hi) with 24 random bits.
-  float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) * 0x1p-24f; }
-  /// Uniform integer in [lo, hi].
-  std::int64_t range(std::int64_t lo, std::int64_t hi) {
-    return lo + std::int64_t(next() % std::uint64_t(hi - lo + 1));
-  }
-
- private:
-  std::uint64_t s_;
-};
+using kvlayer::testing::Rng;  // tests/support/splitmix_rng.hpp
 
 /// Which values random rows hold.
 enum class Values {

@@ -20,6 +20,7 @@
 #include "decode/decode.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
+#include "support/splitmix_rng.hpp"
 
 namespace kvlayer::testing::decode {
 
@@ -63,25 +64,6 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   std::size_t bytes_ = 0;
-};
-
-/// Seeded splitmix64: identical streams on every platform (no std distributions).
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : s_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform in [0, 1).
-  double uniform() { return double(next() >> 11) * 0x1.0p-53; }
-  /// Uniform in [-1, 1).
-  float sym() { return float(2.0 * uniform() - 1.0); }
-
- private:
-  std::uint64_t s_;
 };
 
 /// n rows of dim values: every 32-value block gets its own scale 2^U(lo, hi) (varied block

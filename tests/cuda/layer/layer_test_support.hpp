@@ -26,34 +26,13 @@
 #include "kvlayer/half.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
 #include "kvlayer/status.hpp"
+#include "support/splitmix_rng.hpp"
 
 namespace kvlayer::testing {
 
 using cuda::detail::DeviceBuffer;
 
 // ---- inputs --------------------------------------------------------------------------------
-
-/// splitmix64: the same seed gives the same inputs with every standard library.
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : s_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  /// Uniform in [lo, hi).
-  float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) * 0x1p-24f; }
-  /// Uniform integer in [lo, hi].
-  std::int64_t range(std::int64_t lo, std::int64_t hi) {
-    return lo + std::int64_t(next() % std::uint64_t(hi - lo + 1));
-  }
-  bool chance(int percent) { return range(0, 99) < percent; }
-
- private:
-  std::uint64_t s_;
-};
 
 /// What the blocks of generated rows hold.
 enum class Fill {

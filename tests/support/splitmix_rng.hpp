@@ -1,0 +1,36 @@
+// The tests' deterministic generator, shared by the reference, CUDA layer and decode suites.
+#pragma once
+
+#include <cstdint>
+
+namespace kvlayer::testing {
+
+/// splitmix64: the same seed gives the same inputs with every standard library (unlike the
+/// std distributions).
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : s_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (s_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [lo, hi) with 24 random bits.
+  float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) * 0x1p-24f; }
+  /// Uniform in [0, 1) with 53 random bits.
+  double uniform() { return double(next() >> 11) * 0x1.0p-53; }
+  /// Uniform in [-1, 1), from uniform().
+  float sym() { return float(2.0 * uniform() - 1.0); }
+  /// Uniform integer in [lo, hi].
+  std::int64_t range(std::int64_t lo, std::int64_t hi) {
+    return lo + std::int64_t(next() % std::uint64_t(hi - lo + 1));
+  }
+  /// True with probability percent / 100.
+  bool chance(int percent) { return range(0, 99) < percent; }
+
+ private:
+  std::uint64_t s_;
+};
+
+}  // namespace kvlayer::testing
