@@ -15,6 +15,7 @@
 
 #include "commands.hpp"
 #include "cuda_raii.hpp"
+#include "decode_step.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/error.hpp"
 #include "stream_read.hpp"
@@ -208,15 +209,8 @@ struct Bench {
     KVLAYER_CUDA_TRY(launch_fill_random(v.as<float>(), std::size_t(g.kv_dim_v()), 6, s()));
     KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), 64 * 128, 8, s()));
     const cuda::RowsView row{k.get(), v.get(), 1, DType::f32};
-    auto step = [&] {
-      L.append_dc(row);
-      L.inc_seqlen();
-      L.decode_dc(q.as<float>(), out.as<float>());
-    };
-    KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
-    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal));
-    step();
-    auto graph = cuda::detail::Graph::end_capture(s());
+    auto step = [&] { decode_step(L, row, q.as<float>(), out.as<float>()); };
+    const auto graph = capture_decode_step(L, row, q.as<float>(), out.as<float>());
     constexpr int kSteps = 64;
     auto loop = [&](bool replay) {
       return median_us(

@@ -11,6 +11,7 @@
 
 #include "commands.hpp"
 #include "cuda_raii.hpp"
+#include "decode_step.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/error.hpp"
 #include "stream_read.hpp"
@@ -64,19 +65,15 @@ bool one_cycle(std::int64_t i, const DeviceBuffer& rows_k, const DeviceBuffer& r
   cuda::KvLayer layer(g, nq, stream);
   layer.append(cuda::RowsView{rows_k.get(), rows_v.get(), 16, DType::f32});
   layer.reserve(2);
-  KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
-  KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const cuda::RowsView row{rows_k.get(), rows_v.get(), 1, DType::f32};
-  g.window ? layer.append_dcw(row) : layer.append_dc(row);
-  layer.inc_seqlen();
-  g.window ? layer.decode_dcw(q.as<float>(), out.as<float>())
-           : layer.decode_dc(q.as<float>(), out.as<float>());
-  const auto graph = cuda::detail::Graph::end_capture(stream);
+  const auto graph =
+      capture_decode_step(layer, cuda::RowsView{rows_k.get(), rows_v.get(), 1, DType::f32},
+                          q.as<float>(), out.as<float>());
   graph.launch(stream);
   graph.launch(stream);
   layer.account_steps(2);
   const LayerStatus st = layer.status();
-  if (!st.ok()) std::printf("cycle %lld: unexpected status: %s\n", (long long)i, st.message().c_str());
+  if (!st.ok())
+    std::printf("cycle %lld: unexpected status: %s\n", (long long)i, st.message().c_str());
   return st.ok();
 }
 
@@ -92,18 +89,14 @@ bool replay_steps(std::int64_t steps, std::int64_t chain, cudaStream_t stream, b
   g.rewind_slack = 16;
   g.max_ctx = std::min<std::int64_t>(INT32_MAX, steps + 8192);
   cuda::KvLayer layer(g, 64, stream);
-  DeviceBuffer k(std::size_t(g.kv_dim_k()) * 4), v(std::size_t(g.kv_dim_v()) * 4),
-      q(64 * 128 * 4), out(64 * 128 * 4);
+  DeviceBuffer k(std::size_t(g.kv_dim_k()) * 4), v(std::size_t(g.kv_dim_v()) * 4), q(64 * 128 * 4),
+      out(64 * 128 * 4);
   KVLAYER_CUDA_TRY(launch_fill_random(k.as<float>(), std::size_t(g.kv_dim_k()), 3, stream));
   KVLAYER_CUDA_TRY(launch_fill_random(v.as<float>(), std::size_t(g.kv_dim_v()), 4, stream));
   KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), 64 * 128, 5, stream));
   layer.reserve(chain);
-  KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
-  KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  layer.append_dcw(cuda::RowsView{k.get(), v.get(), 1, DType::f32});
-  layer.inc_seqlen();
-  layer.decode_dcw(q.as<float>(), out.as<float>());
-  const auto graph = cuda::detail::Graph::end_capture(stream);
+  const auto graph = capture_decode_step(layer, cuda::RowsView{k.get(), v.get(), 1, DType::f32},
+                                         q.as<float>(), out.as<float>());
   std::int64_t done = 0;
   while (done < steps) {
     const std::int64_t kk = std::min(chain, steps - done);
@@ -175,7 +168,8 @@ int run_soak(const std::vector<std::string>& args) {
 }  // namespace
 
 const Command& soak_command() {
-  static const Command c{"soak", "GPU soak: create/destroy cycles and a million graph-replayed steps",
+  static const Command c{"soak",
+                         "GPU soak: create/destroy cycles and a million graph-replayed steps",
                          kUsage, &run_soak};
   return c;
 }
