@@ -23,9 +23,9 @@ inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 
 /// Resident tensor-core split blocks per multiprocessor (shared memory and the register cap of
 /// its __launch_bounds__): head dim 256 needs 96 KB of stages, gqa > 8 doubles the accumulators.
-// NOTE: a build-time tuning knob (bench/NOTES.md): blocks per SM of the mma kernel at D 128,
-// gqa ≤ 8 — 3 (12 warps, no spills; 149 µs at 128K on the H200) or 4 (16 warps, 112 B
-// spilled; 163 µs).
+// NOTE: a build-time tuning knob (bench/NOTES.md, session 2): blocks per SM of the mma kernel at
+// D 128, gqa ≤ 8 — 3 (12 warps) or 4 (16 warps, more spills). Before the wide-V check, 3 gave
+// 149 µs and 4 gave 163 µs at 128K on the H200; the final code measures 188.6 µs at 3.
 #ifndef KVLAYER_MMA_D128_BLOCKS_PER_SM
 #define KVLAYER_MMA_D128_BLOCKS_PER_SM 3
 #endif
