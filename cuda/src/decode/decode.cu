@@ -117,38 +117,16 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   __shared__ float p_s[T][GMAX];   // fp16-rounded probabilities of the tile
   __shared__ float alpha_s[GMAX];  // rescale of the running output, per head
 
-  const int split = blockIdx.x;
   const int kv = blockIdx.y;
   const int tid = threadIdx.x;
   const int G = p.gqa;
 
-  const View view = resolve_view(p.view);
-  if (view.error) {
-    if (split == 0 && kv == 0 && tid == 0)
-      record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
-    return;  // block-uniform: no barrier has been reached yet
-  }
-  const long long n = view.end - view.begin;
-  if (n <= 0) return;  // the merge writes the all-zero output
-
-  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, G, D);
-  const long long part = (long long)kv * p.n_splits + split;  // partial index
-  float* part_o = scratch.o + part * G * D;
-  float* part_m = scratch.m + part * G;
-  float* part_l = scratch.l + part * G;
-
-  const long long kps = decode_keys_per_split(n, p.n_splits, T);
-  const long long lo = view.begin + split * kps;
-  const long long hi = split_end(lo, kps, view.end);
-  if (lo >= hi) {
-    // Past the view: an empty partial (m = sentinel, l = 0, o = 0) so scratch is always whole.
-    for (int i = tid; i < G * D; i += kThreads) part_o[i] = 0.0f;
-    for (int g = tid; g < G; g += kThreads) {
-      part_m[g] = kNegSentinel;
-      part_l[g] = 0.0f;
-    }
-    return;
-  }
+  const SplitRange range = begin_split(p, D, T);
+  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+  const long long lo = range.lo, hi = range.hi;
+  float* part_o = range.o;
+  float* part_m = range.m;
+  float* part_l = range.l;
 
   // q of this KV head's query heads, rounded to fp16 once, laid out [g][block][36].
   for (int i = tid; i < G * D; i += kThreads) {
@@ -168,7 +146,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
     if (tile < n_tiles) {
       const long long key0 = lo + (long long)tile * T;
       const int valid = static_cast<int>(hi - key0 < T ? hi - key0 : T);
-      const long long row0 = key0 - view.base;  // physical row of the tile's first key
+      const long long row0 = key0 - range.base;  // physical row of the tile's first key
       std::uint8_t* kd = k_tile[tile % kStages];
       std::uint8_t* vd = v_tile[tile % kStages];
       for (int i = tid; i < valid * S::kKChunks; i += kThreads) {

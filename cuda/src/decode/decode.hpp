@@ -58,6 +58,11 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 /// affects only layers constructed later. Throws kvlayer::Error (refused) for any other value.
 DecodeKernel default_decode_kernel();
 
+/// Blocks of the tensor-core split kernel for (head_dim, gqa) that one multiprocessor of the
+/// current device holds at once (CUDA occupancy API, with the launch's attributes applied).
+/// The plan sizes its grid for decode_mma_blocks_per_sm(head_dim, gqa) of them.
+cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks);
+
 /// One decode launch.
 struct DecodeArgs {
   const std::uint8_t* k_plane = nullptr;  ///< q8_0 rows, k_tok_bytes each

@@ -103,6 +103,52 @@ struct SplitParams {
   DeviceStatus* status;
 };
 
+/// What one split block attends and where its partial goes: keys [lo, hi) at physical row
+/// key − base, partial o[gqa][D], m[gqa], l[gqa].
+struct SplitRange {
+  long long lo, hi, base;
+  float* o;
+  float* m;
+  float* l;
+  bool active;  ///< false: nothing left to do (view error recorded, empty view or empty split)
+};
+
+/// The prologue every split kernel shares (block-uniform, before any barrier): resolves and
+/// checks the view (recording a device error once), and for a split past the view's end writes
+/// the empty partial (m = sentinel, l = 0, o = 0) so that scratch is always whole.
+/// tile_keys is the kernel's partition granule (decode_keys_per_split).
+__device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys) {
+  SplitRange r{};
+  const int split = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x, G = p.gqa;
+  const View view = resolve_view(p.view);
+  if (view.error) {
+    if (split == 0 && kv == 0 && tid == 0)
+      record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
+    return r;
+  }
+  const long long n = view.end - view.begin;
+  if (n <= 0) return r;  // the merge writes the all-zero output
+  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, G, head_dim);
+  const long long part = (long long)kv * p.n_splits + split;  // partial index
+  r.o = scratch.o + part * G * head_dim;
+  r.m = scratch.m + part * G;
+  r.l = scratch.l + part * G;
+  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys);
+  r.lo = view.begin + split * kps;
+  r.hi = split_end(r.lo, kps, view.end);
+  r.base = view.base;
+  if (r.lo >= r.hi) {
+    for (int i = tid; i < G * head_dim; i += blockDim.x) r.o[i] = 0.0f;
+    for (int h = tid; h < G; h += blockDim.x) {
+      r.m[h] = kNegSentinel;
+      r.l[h] = 0.0f;
+    }
+    return r;
+  }
+  r.active = true;
+  return r;
+}
+
 // ---- cp.async (sm_80+) ---------------------------------------------------------------------
 
 template <int kBytes>
@@ -129,7 +175,17 @@ __device__ __forceinline__ float f16_bits(unsigned bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
 
-/// Enqueues the tensor-core split kernel (decode_mma.cu) for plan.head_dim / plan.gqa.
+/// True when decode_mma_direct.cu's kernel serves the shape (head dim 128, gqa ≤ 8).
+bool split_mma_direct_serves(int head_dim, int gqa);
+
+/// Resident blocks per multiprocessor of decode_mma_direct.cu's kernel (occupancy API).
+cudaError_t split_mma_direct_resident_blocks(int* blocks);
+
+/// Enqueues the register-direct tensor-core split kernel (decode_mma_direct.cu).
+cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream);
+
+/// Enqueues the tensor-core split kernel for plan.head_dim / plan.gqa: decode_mma_direct.cu's
+/// where it serves the shape, else decode_mma.cu's.
 cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3 grid,
                              cudaStream_t stream);
 

@@ -53,6 +53,7 @@
 
 #include "decode/decode.hpp"
 #include "decode/decode_common.cuh"
+#include "decode/mma_fragments.cuh"
 #include "decode/partition.hpp"
 #include "device_status.cuh"
 
@@ -106,14 +107,6 @@ __host__ __device__ constexpr int k_slot_quant(bool odd, int ks, int t, int h, i
   return h == 0 ? e : 30 + e;
 }
 
-__device__ __forceinline__ void mma_16816(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
-                                          unsigned a3, unsigned b0, unsigned b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 /// The same with rows g + 8 of A zero and their results discarded (gqa ≤ 8): only c0, c1
 /// (row g) are kept, so no registers hold the padding rows' accumulators.
 __device__ __forceinline__ void mma_16816_top(float (&c)[2], unsigned a0, unsigned a2, unsigned b0,
@@ -126,14 +119,6 @@ __device__ __forceinline__ void mma_16816_top(float (&c)[2], unsigned a0, unsign
         "f"(0.0f));
 }
 
-__device__ __forceinline__ unsigned h2_bits(__half2 h) {
-  return *reinterpret_cast<unsigned*>(&h);
-}
-
-__device__ __forceinline__ __half2 as_h2(unsigned bits) {
-  return *reinterpret_cast<__half2*>(&bits);
-}
-
 /// The 5-bit quants g, g + 8, g + 16, g + 24 of a q5_1 block in shared memory (bytes 0..3 of
 /// the result), from qs[g] (quants g | g+16 << 4), qs[g+8] (g+8 | g+24 << 4) and bits of qh.
 __device__ __forceinline__ unsigned v_quants5(const std::uint8_t* block, unsigned qh, int g) {
@@ -141,20 +126,11 @@ __device__ __forceinline__ unsigned v_quants5(const std::uint8_t* block, unsigne
   return ((x | (x << 12)) & 0x0f0f0f0fu) | (((qh >> g) << 4) & 0x10101010u);
 }
 
-/// fp16x2 of (lo, hi), each rounded to nearest even; lo in the low half (the lower k/n index).
-__device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
-  return h2_bits(__floats2half2_rn(lo, hi));
-}
-
-/// Four int8 quants (one 32-bit word) → two fp16x2 (bytes 0,1 and bytes 2,3), exactly:
-/// fp16 bits 0x64xx = 1024 + xx, with xx = q + 128 (sign bit flipped), minus 1152.
+/// Four int8 quants (one 32-bit word) → two fp16x2 (bytes 0,1 and bytes 2,3), exactly.
 __device__ __forceinline__ void int8x4_to_f16x2x2(unsigned w, unsigned& lo, unsigned& hi) {
   const unsigned u = w ^ 0x80808080u;
-  const __half2 bias = __halves2half2(__ushort_as_half(0x6480), __ushort_as_half(0x6480));
-  unsigned l = __byte_perm(u, 0x64646464u, 0x4140);
-  unsigned h = __byte_perm(u, 0x64646464u, 0x4342);
-  lo = h2_bits(__hsub2(*reinterpret_cast<__half2*>(&l), bias));
-  hi = h2_bits(__hsub2(*reinterpret_cast<__half2*>(&h), bias));
+  lo = int8_pair_to_f16x2(u, 0);
+  hi = int8_pair_to_f16x2(u, 1);
 }
 
 /// True when some value of the q5_1 block with header word `dm` (d | m << 16) may exceed
@@ -255,40 +231,18 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   constexpr int kC = kHi ? 4 : 2;  // accumulator registers kept per n-tile
   extern __shared__ __align__(16) std::uint8_t smem[];
 
-  const int split = blockIdx.x;
   const int kv = blockIdx.y;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
   const int G = p.gqa;
 
-  const View view = resolve_view(p.view);
-  if (view.error) {
-    if (split == 0 && kv == 0 && tid == 0)
-      record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
-    return;  // block-uniform: no barrier has been reached yet
-  }
-  const long long n = view.end - view.begin;
-  if (n <= 0) return;  // the merge writes the all-zero output
-
-  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, G, D);
-  const long long part = (long long)kv * p.n_splits + split;  // partial index
-  float* part_o = scratch.o + part * G * D;
-  float* part_m = scratch.m + part * G;
-  float* part_l = scratch.l + part * G;
-
-  const long long kps = decode_keys_per_split(n, p.n_splits, kDecodeMmaTileKeys);
-  const long long lo = view.begin + split * kps;
-  const long long hi = split_end(lo, kps, view.end);
-  if (lo >= hi) {
-    // Past the view: an empty partial (m = sentinel, l = 0, o = 0) so scratch is always whole.
-    for (int i = tid; i < G * D; i += kThreads) part_o[i] = 0.0f;
-    for (int h = tid; h < G; h += kThreads) {
-      part_m[h] = kNegSentinel;
-      part_l[h] = 0.0f;
-    }
-    return;
-  }
+  const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys);
+  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+  const long long lo = range.lo, hi = range.hi;
+  float* part_o = range.o;
+  float* part_m = range.m;
+  float* part_l = range.l;
 
   // ---- q̃ as A fragments, for the whole split: qa[b][ks][r], r = a0..a3 of the PTX layout. ----
   // a0: row g, slots 2t+e; a1: row g+8, slots 2t+e; a2: row g, 2t+8+e; a3: row g+8, 2t+8+e.
@@ -337,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     if (i < my_tiles) {
       const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
       const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
-      const long long row0 = key0 - view.base;  // physical row of the tile's first key
+      const long long row0 = key0 - range.base;  // physical row of the tile's first key
       std::uint8_t* kd = wsmem + (i % kStages) * S::kStageBytes;
       std::uint8_t* vd = kd + S::kKRegion;
       const std::uint8_t* ks = k_head + row0 * p.k_tok_bytes;
@@ -595,6 +549,8 @@ cudaError_t launch_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream
 
 cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3 grid,
                              cudaStream_t stream) {
+  if (split_mma_direct_serves(plan.head_dim, plan.gqa))
+    return launch_split_mma_direct(sp, grid, stream);
   switch (plan.head_dim) {
     case 64:
       return launch_for_dim<64>(sp, grid, stream);
@@ -608,5 +564,27 @@ cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3
 }  // namespace kvlayer::cuda::detail::decode_impl
 
 namespace kvlayer::cuda::detail {
+
+cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
+  using namespace decode_impl;
+  if (split_mma_direct_serves(head_dim, gqa)) return split_mma_direct_resident_blocks(blocks);
+  const auto query = [&](auto kernel, int smem) {
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    return err != cudaSuccess
+               ? err
+               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
+  };
+  switch (head_dim) {
+    case 64:
+      return gqa <= 8 ? query(decode_split_mma_kernel<64, 8>, MmaShape<64>::kSmemBytes)
+                      : query(decode_split_mma_kernel<64, 16>, MmaShape<64>::kSmemBytes);
+    case 128:
+      return query(decode_split_mma_kernel<128, 16>, MmaShape<128>::kSmemBytes);
+    default:
+      return gqa <= 8 ? query(decode_split_mma_kernel<256, 8>, MmaShape<256>::kSmemBytes)
+                      : query(decode_split_mma_kernel<256, 16>, MmaShape<256>::kSmemBytes);
+  }
+}
+
 KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mma_mutant)
 }  // namespace kvlayer::cuda::detail

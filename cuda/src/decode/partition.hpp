@@ -22,15 +22,12 @@ inline constexpr int kDecodeMmaWarpKeys = 16;
 inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 
 /// Resident tensor-core split blocks per multiprocessor (shared memory and the register cap of
-/// its __launch_bounds__): head dim 256 needs 96 KB of stages, gqa > 8 doubles the accumulators.
-// NOTE: a build-time tuning knob (bench/NOTES.md, session 2): blocks per SM of the mma kernel at
-// D 128, gqa ≤ 8 — 3 (12 warps) or 4 (16 warps, more spills). Before the wide-V check, 3 gave
-// 149 µs and 4 gave 163 µs at 128K on the H200; the final code measures 188.6 µs at 3.
-#ifndef KVLAYER_MMA_D128_BLOCKS_PER_SM
-#define KVLAYER_MMA_D128_BLOCKS_PER_SM 3
-#endif
+/// its __launch_bounds__): head dim 128 with gqa ≤ 8 is decode_mma_direct.cu's kernel (3: two
+/// tiles of operands in registers, 168 registers per thread); for decode_mma.cu, head dim 256
+/// needs 96 KB of stages and gqa > 8 doubles the accumulators.
 __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa) {
-  return head_dim == 256 ? 2 : (head_dim == 128 ? (gqa > 8 ? 3 : KVLAYER_MMA_D128_BLOCKS_PER_SM) : 4);
+  (void)gqa;  // both head-dim-128 kernels (gqa ≤ 8 direct, gqa > 8 staged) hold 3 today
+  return head_dim == 256 ? 2 : (head_dim == 128 ? 3 : 4);
 }
 
 /// Keys per tile for a head dim: tile × (head_dim / 32) = kDecodeThreads.

@@ -58,7 +58,9 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   const int per_sm = mma ? decode_mma_blocks_per_sm(head_dim, gqa) : kDecodeBlocksPerSm;
   const std::int64_t target = std::int64_t(per_sm) * multiprocessor_count;
   const std::int64_t max_tiles = (max_view_keys + p.tile_keys - 1) / p.tile_keys;
-  std::int64_t splits = (target + n_kv_heads - 1) / n_kv_heads;
+  // NOTE: rounded down: one block more than the resident slots would start a second wave that
+  // runs a whole split's time alone (8 × 128 at 3 per SM: 50 splits = 400 blocks > 396).
+  std::int64_t splits = target / n_kv_heads;
   splits = std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits));
   p.n_splits = int(splits);
   // keys_per_split grows with the view length, so the longest view bounds every launch.

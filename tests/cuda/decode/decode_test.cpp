@@ -88,12 +88,32 @@ TEST(DecodePlan, MmaPlanFillsTheGpu) {
   const auto p = plan_decode(8, 128, 8, 131072, 132, DecodeKernel::mma);
   EXPECT_EQ(p.kernel, DecodeKernel::mma);
   EXPECT_EQ(p.tile_keys, 64);
-  EXPECT_EQ(p.n_splits, 50);              // 3 blocks per SM at D 128, gqa 8
-  EXPECT_EQ(p.max_keys_per_split, 2624);  // ceil(131072 / 50) = 2622 → whole 64-key tiles
-  EXPECT_EQ(p.max_rescales, 2624 / 64 + 1);
+  EXPECT_EQ(p.n_splits, 49);              // 3 blocks per SM at D 128, gqa 8: 392 ≤ 396
+  EXPECT_EQ(p.max_keys_per_split, 2688);  // ceil(131072 / 49) = 2675 → whole 64-key tiles
+  EXPECT_EQ(p.max_rescales, 2688 / 64 + 1);
+  // Never a second wave: every (KV head, split) block is resident at once.
+  for (const int n_kv : {1, 3, 8, 32})
+    for (const int d : {64, 128, 256})
+      for (const int gqa : {4, 16}) {
+        const auto q = plan_decode(n_kv, d, gqa, 131072, 132, DecodeKernel::mma);
+        EXPECT_LE(q.n_splits * n_kv, cuda::detail::decode_mma_blocks_per_sm(d, gqa) * 132)
+            << n_kv << " KV heads, D " << d << ", gqa " << gqa;
+      }
   EXPECT_EQ(plan_decode(8, 64, 8, 131072, 132, DecodeKernel::mma).n_splits, 66);    // 4 per SM
   EXPECT_EQ(plan_decode(8, 256, 8, 131072, 132, DecodeKernel::mma).n_splits, 33);   // 2 per SM
-  EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 50);  // 3 per SM
+  EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 49);  // 3 per SM
+}
+
+// The plan sizes its grid for decode_mma_blocks_per_sm resident blocks; if fewer fit (registers,
+// shared memory, carveout), the grid runs in two waves and the decode takes about twice as long.
+TEST(DecodePlan, MmaBlocksPerSmAreResident) {
+  KVLAYER_REQUIRE_GPU();
+  for (const int d : {64, 128, 256})
+    for (const int gqa : {8, 16}) {
+      int blocks = 0;
+      ASSERT_EQ(cuda::detail::mma_split_resident_blocks(d, gqa, &blocks), cudaSuccess);
+      EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, gqa)) << "D " << d << " gqa " << gqa;
+    }
 }
 
 TEST(DecodePlan, PartitionCoversEveryViewExactly) {

@@ -1,0 +1,477 @@
+// Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8), head dim 128 and
+// gqa ≤ 8: the default kernel for that shape. Same contract as decode_mma.cu (grid, partition of
+// the live view in 64-key granules, partial format, device-mode checks, merge kernel) and the
+// same declared internal precision, point for point (decode_mma.cu's header; accuracy.hpp):
+//  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh f32
+//      accumulator, × f32(d) (__fmul_rn), blocks summed in block order (__fadd_rn), × scale.
+//  (2) online softmax in f32, one max update per 16-key warp tile, IEEE exp2f, finite sentinel.
+//  (3) p rounded to fp16 for PV; V = d·q + m by one HFMA2 (exact value rounded once to fp16), or
+//      the exact f32 value on the CUDA cores for a tile holding a block beyond fp16's range; row
+//      sums from the unrounded p; f32 accumulation.
+//  (4) the block merges its 4 warps in f32, warps in order.
+//
+// ---- Why a second tensor-core kernel --------------------------------------------------------
+// decode_mma.cu stages tiles through shared memory with per-lane cp.async and runs ~62 warp
+// instructions per (key, KV head) against a budget of ~54 at the bandwidth floor
+// (bench/NOTES.md). This kernel removes the staging and cuts the dequantization work:
+//  - Keys are the mma's M rows: S^T[16 keys × 8 heads] = K·q̃^T, so gqa 8 fills the mma with no
+//    padding rows, and each lane's K operand is two whole key rows (g, g + 8) of the tile.
+//  - Each lane loads its operands straight from global memory into registers (8-byte loads),
+//    one tile ahead of the one it computes (double-buffered registers; no shared memory, no
+//    barrier in the loop).
+//  - K: lane t of a quad loads 8-byte words t, t+4, t+8, t+12 (and 16 for t = 0) of a key's
+//    136-byte span. Because a block is 34 bytes, every lane then holds exactly 4 quant pairs of
+//    every block; lane 0's pairs straddle words and are gathered by one PRMT per register
+//    (k_pair_byte gives each pair's place; q̃ is laid out to match, so the dot is unchanged).
+//  - PV is O^T[dims × heads] = V^T·P^T. P^T's B fragment is the transpose (movmatrix) of the
+//    softmax's C fragment. The 128 output dims are permuted so that lane group g owns the 16
+//    quants of half g % 2 of block g / 2 (v_dim): per key a lane needs one 8-byte header and 8
+//    qs bytes, and two keys' headers pack into the fp16x2 (d, m) of one HFMA2.
+//  - q5 → fp16 without a per-value byte gather: nibble and high bit are merged into an fp16
+//    with a biased exponent (0x6400: 1024 + q for a nibble in bits 0..3, 0x5400: 64 + q for
+//    one in bits 4..7, mantissa bits 0..3 zero), minus the bias (exact), then HFMA2.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "decode/decode.hpp"
+#include "decode/decode_common.cuh"
+#include "decode/mma_fragments.cuh"
+#include "decode/partition.hpp"
+#include "device_status.cuh"
+
+namespace kvlayer::cuda::detail::decode_impl {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kBlocks = kD / 32;
+constexpr int kKBytes = kBlocks * 34;  ///< K span of one head in a row (8-byte aligned)
+constexpr int kVBytes = kBlocks * 24;  ///< V span of one head in a row (8-byte aligned)
+constexpr int kWarps = kDecodeMmaWarps;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kWK = kDecodeMmaWarpKeys;  ///< keys per warp tile (the mma's M)
+constexpr int kHeads = 8;                ///< mma N: query heads of the KV head (gqa ≤ 8)
+constexpr int kOStride = kD + 4;         ///< merge staging row (floats)
+static_assert(kWK == 16 && kThreads == kDecodeThreads);
+
+
+/// Byte offset, within a key's K span, of the first quant of pair (reg, h) of block b as lane t
+/// of a quad holds it after gather_k_block (pairs are 2-byte aligned: never split by a word).
+///  t ≥ 1: block b is the lane's word t + 4b, registers (lo, hi) as loaded.
+///  t = 0: the lane holds words 0, 4, 8, 12, 16 as registers S0..S9 (4 bytes each); its pairs
+///    of block b are at: b0 (2, 4 | 6, 32), b1 (36, 38 | 64, 66), b2 (96, 98 | 70, 100),
+///    b3 (128, 130 | 132, 134), gathered as in gather_k_block.
+__host__ __device__ constexpr int k_pair_byte(int b, int reg, int h, int t) {
+  if (t != 0) return 8 * (t + 4 * b) + 4 * reg + 2 * h;
+  constexpr int lane0[kBlocks][2][2] = {
+      {{2, 4}, {6, 32}}, {{36, 38}, {64, 66}}, {{96, 98}, {70, 100}}, {{128, 130}, {132, 134}}};
+  return lane0[b][reg][h];
+}
+
+/// Quant index (0..31 in its block) of pair (b, reg, h)'s first quant for lane t.
+__host__ __device__ constexpr int k_pair_quant(int b, int reg, int h, int t) {
+  return k_pair_byte(b, reg, h, t) - 34 * b - 2;
+}
+
+/// Output dim of accumulator row r (0: row g, 1: row g + 8) of PV m-tile i for lane group g:
+/// group g owns block g / 2, half g % 2 — low-nibble quant 8·(g % 2) + i (r = 0) and high-nibble
+/// quant 16 + 8·(g % 2) + i (r = 1).
+__host__ __device__ constexpr int v_dim(int i, int g, int r) {
+  return 32 * (g >> 1) + 16 * r + 8 * (g & 1) + i;
+}
+
+// Every pair of every block is held by exactly one lane of a quad (a 32-quant block = 4 lanes ×
+// 4 pairs), checked at compile time.
+__host__ __device__ constexpr bool k_pairs_cover_blocks() {
+  for (int b = 0; b < kBlocks; ++b) {
+    int seen = 0;
+    for (int t = 0; t < 4; ++t)
+      for (int reg = 0; reg < 2; ++reg)
+        for (int h = 0; h < 2; ++h) {
+          const int q = k_pair_quant(b, reg, h, t);
+          if (q < 0 || q > 30 || q % 2 != 0 || (seen >> q & 1)) return false;
+          seen |= 1 << q;
+        }
+    if (seen != 0x55555555) return false;
+  }
+  return true;
+}
+static_assert(k_pairs_cover_blocks());
+
+/// One lane's operands of a 16-key warp tile, loaded straight from global memory.
+struct TileRegs {
+  unsigned k[2][10];  ///< keys g, g + 8: words t, t+4, t+8, t+12 (+16 for t = 0), 4-byte regs
+  uint2 vh[4];        ///< V header (d | m << 16, qh) of keys 2t, 2t+1, 2t+8, 2t+9, block g / 2
+  uint2 vq[4];        ///< the same keys' qs bytes 8h..8h+7 of that block (h = g % 2)
+};
+
+/// The two registers of block b of one key in pair order (see k_pair_byte). sel_a / sel_b
+/// are 0x3210 (take the first source) for t ≥ 1, 0x5432 / 0x7654 for t = 0.
+__device__ __forceinline__ void gather_k_block(const unsigned (&s)[10], int b, unsigned sel_a,
+                                               unsigned sel_b, unsigned& r0, unsigned& r1) {
+  switch (b) {
+    case 0:
+      r0 = __byte_perm(s[0], s[1], sel_a);
+      r1 = __byte_perm(s[1], s[2], sel_a);
+      break;
+    case 1:
+      r0 = __byte_perm(s[2], s[3], sel_b);
+      r1 = __byte_perm(s[3], s[4], sel_b);
+      break;
+    case 2:
+      r0 = __byte_perm(s[4], s[6], sel_b);
+      r1 = __byte_perm(s[5], s[7], sel_a);
+      break;
+    default:
+      r0 = __byte_perm(s[6], s[8], sel_b);
+      r1 = __byte_perm(s[7], s[9], sel_b);
+      break;
+  }
+}
+
+/// The fp16x2 (key 0, key 1) of one V quant: the nibble at bits `nib_shift`..+3 of both lanes of
+/// `qs` (after >> 0 or 8) and the high bit at bit `qh_bit` of both lanes of `qh`.
+/// Low nibbles (nib_shift 0) use fp16 1024 + q (high bit → bit 4), high nibbles (4) 64 + q
+/// (high bit → bit 8, mantissa bits 0..3 zero); the bias is subtracted exactly.
+template <int kNibble, int kQhBit>
+__device__ __forceinline__ __half2 v_quant_f16x2(unsigned qs, unsigned qh, unsigned bias) {
+  constexpr int kTarget = kNibble == 0 ? 4 : 8;  // where the high bit goes
+  const unsigned qh_at = kQhBit >= kTarget ? qh >> (kQhBit - kTarget) : qh << (kTarget - kQhBit);
+  constexpr unsigned kNibMask = kNibble == 0 ? 0x000f000fu : 0x00f000f0u;
+  constexpr unsigned kBitMask = kNibble == 0 ? 0x00100010u : 0x01000100u;
+  // x = (qs & kNibMask) | (qh_at & kBitMask) | bias in two LOP3s: the bias (no bit inside either
+  // mask) comes in a register, as a LOP3 takes one immediate.
+  unsigned y, x;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(y) : "r"(qh_at), "n"(kBitMask), "r"(bias));
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(qs), "n"(kNibMask), "r"(y));
+  return __hsub2(as_h2(x), as_h2(bias));
+}
+
+/// True when some value of the q5_1 block with header word dm (d | m << 16) might leave fp16's
+/// range in d·q + m: |d| > 1024 or |m| > 32768 (or a NaN / inf header). Otherwise |d·q + m| ≤
+/// 31·1024 + 32768 < 65504. Each 15-bit magnitude plus its complement carries into bit 15.
+__device__ __forceinline__ bool v_header_maybe_wide(unsigned dm) {
+  return (((dm & 0x7fff7fffu) + 0x07ff1bffu) & 0x80008000u) != 0u;
+}
+
+__device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
+  return __ldg(reinterpret_cast<const uint2*>(p));
+}
+
+/// One block per (split, KV head); 4 independent warps, warp w owning warp tiles w, w + 4, ….
+__global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads))
+    decode_split_mma_direct_kernel(const SplitParams p) {
+  __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
+  __shared__ __align__(16) float o_s[kWarps][kHeads][kOStride];
+
+  const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys);
+  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+
+  const int kv = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
+  const int hv = g & 1;                   // the V half this lane group owns
+  const int G = p.gqa;
+
+  // ---- q̃ as the QK B fragments for the whole split: qb[b][ks][j] = pair (b, reg ks, h j) of
+  // query head g (zero for heads ≥ gqa). ----
+  unsigned qb[kBlocks][2][2];
+  {
+    const float* q_head = p.q + ((long long)kv * G + g) * kD;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b)
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int quant = k_pair_quant(b, ks, j, t);
+          const float x0 = g < G ? q_head[32 * b + quant] : 0.0f;
+          const float x1 = g < G ? q_head[32 * b + quant + 1] : 0.0f;
+          qb[b][ks][j] = pack_f16x2(x0, x1);
+        }
+  }
+  const unsigned sel_a = t == 0 ? 0x5432u : 0x3210u;
+  const unsigned sel_b = t == 0 ? 0x7654u : 0x3210u;
+  const unsigned qh_sel = hv ? 0x7531u : 0x6420u;  // qh bytes hv, hv + 2 of two keys
+  const unsigned bias_low = 0x64006400u, bias_high = 0x54005400u;  // see v_quant_f16x2
+
+  const std::uint8_t* k_head = p.k_plane + (long long)kv * kKBytes;
+  const std::uint8_t* v_head = p.v_plane + (long long)kv * kVBytes + 24 * (g >> 1);
+  const long long lo = range.lo, hi = range.hi;
+  const long long n_keys = hi - lo;
+  const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);
+  const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;
+  // Row strides fit in int (≤ 65535 KV heads × 136 B); a tile spans 16 rows.
+  const int k_tok = static_cast<int>(p.k_tok_bytes), v_tok = static_cast<int>(p.v_tok_bytes);
+  // Offsets (bytes) of this lane's rows within a tile: K keys g, g + 8; V keys 2t, 2t+1, 2t+8,
+  // 2t+9. Recomputed with clamping only for a split's partial last tile.
+  const int k_key[2] = {g, g + 8};
+  const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+  unsigned k_off[2], v_off[4];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) k_off[j] = unsigned(k_key[j] * k_tok);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v_off[j] = unsigned(v_key[j] * v_tok);
+
+  // Loads this warp's i-th tile. Keys past the split's end read the split's last key instead
+  // (real, finite-or-attended bytes; their p is 0).
+  auto load_tile = [&](TileRegs& r, int i) {
+    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
+    const long long row0 = key0 - range.base;
+    // NOTE: the empty asm keeps the tile bases opaque, so that each row address is one 64-bit
+    // add of a 32-bit offset (ptxas otherwise re-forms row0·tok + offset per row).
+    std::uintptr_t k_tile = reinterpret_cast<std::uintptr_t>(k_head + row0 * p.k_tok_bytes);
+    std::uintptr_t v_tile = reinterpret_cast<std::uintptr_t>(v_head + row0 * p.v_tok_bytes);
+    asm("" : "+l"(k_tile), "+l"(v_tile));
+    unsigned ko[2] = {k_off[0], k_off[1]};
+    unsigned vo[4] = {v_off[0], v_off[1], v_off[2], v_off[3]};
+    if (hi - key0 < kWK) {  // warp-uniform: the split's partial last tile
+      const int last = static_cast<int>(hi - key0) - 1;
+#pragma unroll
+      for (int j = 0; j < 2; ++j) ko[j] = unsigned(min(k_key[j], last) * k_tok);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) vo[j] = unsigned(min(v_key[j], last) * v_tok);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const std::uint8_t* src = reinterpret_cast<const std::uint8_t*>(k_tile + ko[j]) + 8 * t;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint2 x = load_u2(src + 32 * w);
+        r.k[j][2 * w] = x.x;
+        r.k[j][2 * w + 1] = x.y;
+      }
+      uint2 x = make_uint2(0u, 0u);
+      if (t == 0) x = load_u2(src + 128);  // word 16: lane t = 0's only
+      r.k[j][8] = x.x;
+      r.k[j][9] = x.y;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const std::uint8_t* src = reinterpret_cast<const std::uint8_t*>(v_tile + vo[j]);
+      r.vh[j] = load_u2(src);
+      r.vq[j] = load_u2(src + 8 + 8 * hv);
+    }
+  };
+
+  // Per-warp state: heads 2t, 2t + 1 (m identical across the lane groups; l per lane).
+  float m_run[2] = {kNegSentinel, kNegSentinel};
+  float l_run[2] = {0.0f, 0.0f};
+  float o[8][4];  // PV m-tile i: (dim v_dim(i, g, 0), heads 2t, 2t+1), (v_dim(i, g, 1), …)
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+
+  auto compute_tile = [&](const TileRegs& r, int i) {
+    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
+    const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
+
+    // ---- QK: s[e] for key g + 8·(e / 2), head 2t + e % 2. ----
+    unsigned dpk[2][2];  // d of blocks (0, 1), (2, 3) of keys g, g + 8, from lane t = 0
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      dpk[j][0] = __shfl_sync(kFullMask, __byte_perm(r.k[j][0], r.k[j][2], 0x7610), lane & ~3);
+      dpk[j][1] = __shfl_sync(kFullMask, __byte_perm(r.k[j][5], r.k[j][7], 0x7610), lane & ~3);
+    }
+    float s[4];
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) {
+      unsigned u[2][2];  // [key j][reg], sign bits flipped
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        gather_k_block(r.k[j], b, sel_a, sel_b, u[j][0], u[j][1]);
+        u[j][0] ^= 0x80808080u;
+        u[j][1] ^= 0x80808080u;
+      }
+      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks)
+        mma_16816(c, int8_pair_to_f16x2(u[0][ks], 0), int8_pair_to_f16x2(u[1][ks], 0),
+                  int8_pair_to_f16x2(u[0][ks], 1), int8_pair_to_f16x2(u[1][ks], 1),
+                  qb[b][ks][0], qb[b][ks][1]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const unsigned dw = dpk[e >> 1][b >> 1];
+        const float d = f16_bits((b & 1) ? dw >> 16 : dw & 0xffffu);
+        s[e] = b == 0 ? __fmul_rn(c[e], d) : fmaf(c[e], d, s[e]);
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[e] = __fmul_rn(s[e], p.scale);
+
+    // ---- Online softmax per head over the tile's valid keys. ----
+    const bool valid0 = g < valid, valid1 = g + 8 < valid;
+    float pr[4];
+    float alpha[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      float top = kNegSentinel;
+      if (valid0) top = fmaxf(top, s[hh]);
+      if (valid1) top = fmaxf(top, s[2 + hh]);
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 4));
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 8));
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 16));
+      const float m_new = fmaxf(m_run[hh], top);
+      alpha[hh] = m_new == m_run[hh] ? 1.0f : exp2f((m_run[hh] - m_new) * kLog2e);
+      pr[hh] = valid0 ? exp2f((s[hh] - m_new) * kLog2e) : 0.0f;
+      pr[2 + hh] = valid1 ? exp2f((s[2 + hh] - m_new) * kLog2e) : 0.0f;
+      l_run[hh] = l_run[hh] * alpha[hh] + (pr[hh] + pr[2 + hh]);
+      m_run[hh] = m_new;
+    }
+    if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+      for (int m = 0; m < 8; ++m)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[m][e] *= alpha[e & 1];
+    }
+
+    // ---- PV. A tile with a V block that may leave fp16's range takes the f32 path. ----
+    bool wide = false;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) wide = wide || v_header_maybe_wide(r.vh[j].x);
+    if (__any_sync(kFullMask, wide)) {
+      // CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (rare path).
+#pragma unroll 1
+      for (int k = 0; k < kWK; ++k) {
+        const int src = ((k & 7) << 2) | t;
+        const float p0 = __shfl_sync(kFullMask, k < 8 ? pr[0] : pr[2], src);
+        const float p1 = __shfl_sync(kFullMask, k < 8 ? pr[1] : pr[3], src);
+        const int key = k < valid - 1 ? k : valid - 1;
+        const std::uint8_t* blk = v_head + (key0 + key - range.base) * p.v_tok_bytes;
+        const uint2 hdr = load_u2(blk);
+        const uint2 qs = load_u2(blk + 8 + 8 * hv);
+        const float d = f16_bits(hdr.x & 0xffffu), mv = f16_bits(hdr.x >> 16);
+        const unsigned qh = hdr.y >> (8 * hv);
+#pragma unroll
+        for (int m = 0; m < 8; ++m) {
+          const unsigned byte = ((m < 4 ? qs.x : qs.y) >> (8 * (m & 3))) & 0xffu;
+          const unsigned q_lo = (byte & 0xfu) | (((qh >> m) & 1u) << 4);
+          const unsigned q_hi = (byte >> 4) | (((qh >> (16 + m)) & 1u) << 4);
+          const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
+          const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
+          o[m][0] = fmaf(p0, v_lo, o[m][0]);
+          o[m][1] = fmaf(p1, v_lo, o[m][1]);
+          o[m][2] = fmaf(p0, v_hi, o[m][2]);
+          o[m][3] = fmaf(p1, v_hi, o[m][3]);
+        }
+      }
+      return;
+    }
+    // p̃^T as the B fragment: the transpose of the (keys × heads) C layout.
+    const unsigned pb0 = transpose_8x8_f16(pack_f16x2(pr[0], pr[1]));  // keys 2t, 2t+1
+    const unsigned pb1 = transpose_8x8_f16(pack_f16x2(pr[2], pr[3]));  // keys 2t+8, 2t+9
+    unsigned d2[2], m2[2], qh2[2], qs2[2][4];  // per key pair (2t, 2t+1), (2t+8, 2t+9)
+#pragma unroll
+    for (int pair = 0; pair < 2; ++pair) {
+      const uint2 h0 = r.vh[2 * pair], h1 = r.vh[2 * pair + 1];
+      const uint2 w0 = r.vq[2 * pair], w1 = r.vq[2 * pair + 1];
+      d2[pair] = __byte_perm(h0.x, h1.x, 0x5410);
+      m2[pair] = __byte_perm(h0.x, h1.x, 0x7632);
+      qh2[pair] = __byte_perm(h0.y, h1.y, qh_sel);  // per lane: bits 0..7 low, 8..15 high quants
+      qs2[pair][0] = __byte_perm(w0.x, w1.x, 0x5410);  // qs bytes 0, 1 of each key
+      qs2[pair][1] = __byte_perm(w0.x, w1.x, 0x7632);  // bytes 2, 3
+      qs2[pair][2] = __byte_perm(w0.y, w1.y, 0x5410);  // bytes 4, 5
+      qs2[pair][3] = __byte_perm(w0.y, w1.y, 0x7632);  // bytes 6, 7
+    }
+    auto v_operand = [&](int pair, auto m_tile, auto high) -> unsigned {
+      constexpr int m = decltype(m_tile)::value;
+      constexpr bool kHigh = decltype(high)::value;
+      const unsigned qs = (m & 1) ? qs2[pair][m >> 1] >> 8 : qs2[pair][m >> 1];
+      const __half2 q = kHigh ? v_quant_f16x2<4, 8 + m>(qs, qh2[pair], bias_high)
+                              : v_quant_f16x2<0, m>(qs, qh2[pair], bias_low);
+      return h2_bits(__hfma2(as_h2(d2[pair]), q, as_h2(m2[pair])));
+    };
+    auto pv_m_tile = [&](auto m_tile) {
+      constexpr int m = decltype(m_tile)::value;
+      using Lo = std::false_type;
+      using Hi = std::true_type;
+      mma_16816(o[m], v_operand(0, m_tile, Lo{}), v_operand(0, m_tile, Hi{}),
+                v_operand(1, m_tile, Lo{}), v_operand(1, m_tile, Hi{}), pb0, pb1);
+    };
+    pv_m_tile(std::integral_constant<int, 0>{});
+    pv_m_tile(std::integral_constant<int, 1>{});
+    pv_m_tile(std::integral_constant<int, 2>{});
+    pv_m_tile(std::integral_constant<int, 3>{});
+    pv_m_tile(std::integral_constant<int, 4>{});
+    pv_m_tile(std::integral_constant<int, 5>{});
+    pv_m_tile(std::integral_constant<int, 6>{});
+    pv_m_tile(std::integral_constant<int, 7>{});
+  };
+
+  // Double-buffered registers: tile i + 1's loads are in flight while tile i computes.
+  // NOTE: a shared-memory pipeline (lane-private cp.async stages, 2 tiles ahead, 4 blocks per
+  // SM) measured 160 µs against this version's 110 µs at 128K keys (bench/NOTES.md).
+  TileRegs buf0, buf1;
+  if (my_tiles > 0) load_tile(buf0, 0);
+  for (int i = 0; i < my_tiles; i += 2) {
+    if (i + 1 < my_tiles) load_tile(buf1, i + 1);
+    compute_tile(buf0, i);
+    if (i + 1 < my_tiles) {
+      if (i + 2 < my_tiles) load_tile(buf0, i + 2);
+      compute_tile(buf1, i + 1);
+    }
+  }
+
+  // ---- Merge the 4 warps into the split's partial. ----
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) {
+    l_run[hh] += __shfl_xor_sync(kFullMask, l_run[hh], 4);
+    l_run[hh] += __shfl_xor_sync(kFullMask, l_run[hh], 8);
+    l_run[hh] += __shfl_xor_sync(kFullMask, l_run[hh], 16);
+  }
+  if (g == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      m_s[warp][2 * t + hh] = m_run[hh];
+      l_s[warp][2 * t + hh] = l_run[hh];
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < 8; ++m)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o_s[warp][2 * t + (e & 1)][v_dim(m, g, e >> 1)] = o[m][e];
+  __syncthreads();
+  if (tid < G) {
+    float top = kNegSentinel;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w][tid]);
+    float den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = m_s[w][tid];
+      const float wt = mw == top ? 1.0f : exp2f((mw - top) * kLog2e);
+      w_s[w][tid] = wt;
+      den = fmaf(l_s[w][tid], wt, den);
+    }
+    range.m[tid] = top;
+    range.l[tid] = den;
+  }
+  __syncthreads();
+  for (int i = tid; i < G * kD; i += kThreads) {
+    const int h = i / kD, col = i % kD;
+    float num = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) num = fmaf(o_s[w][h][col], w_s[w][h], num);
+    range.o[i] = num;
+  }
+}
+
+}  // namespace
+
+bool split_mma_direct_serves(int head_dim, int gqa) { return head_dim == kD && gqa <= kHeads; }
+
+cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  decode_split_mma_direct_kernel<<<grid, kThreads, 0, stream>>>(sp);
+  return cudaGetLastError();
+}
+
+cudaError_t split_mma_direct_resident_blocks(int* blocks) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode_split_mma_direct_kernel,
+                                                       kThreads, 0);
+}
+
+}  // namespace kvlayer::cuda::detail::decode_impl
