@@ -1,6 +1,11 @@
 // Quantized append: K rows -> q8_0 blocks, V rows -> q5_1 blocks, bit-exact with
-// reference/src/quantize.cpp (SPEC §3). One warp per 32-value block: lane j loads value j
-// (coalesced); the block quantizers (quantize_warp.cuh) reduce with warp shuffles.
+// reference/src/quantize.cpp (SPEC §3). One thread per 32-value block: it loads the block's
+// values as 16-byte vectors and quantizes them in registers (quantize_block.cuh); consecutive
+// threads take consecutive blocks (all K blocks of the rows, then all V blocks), so a warp reads
+// and writes contiguous bytes.
+//
+// NOTE: the first version gave each block a warp (lane j value j, shuffle reductions): ~240
+// issue slots per block made it issue-bound at 15% of the streaming rate (bench/NOTES.md).
 //
 // NOTE: exactness rests on IEEE arithmetic with explicit rounding intrinsics and on this
 // target's -fmad=false --prec-div=true --ftz=false (cuda/CMakeLists.txt); never fast-math.
@@ -12,25 +17,22 @@
 #include "append_kernel.hpp"
 #include "kvlayer/geometry.hpp"
 #include "kvlayer/status.hpp"
-#include "quantize_warp.cuh"
+#include "quantize_block.cuh"
 
 namespace kvlayer::cuda::detail {
 namespace {
 
-constexpr int kWarpsPerBlock = 8;
-constexpr int kThreads = kWarpsPerBlock * 32;
-constexpr long long kMaxGrid = 1 << 20;  ///< the warp loop strides past this
+constexpr int kThreads = 256;
+constexpr long long kMaxGrid = 1 << 20;  ///< the block loop strides past this
 
 constexpr int kPlaneK = 0;
 constexpr int kPlaneV = 1;
 
 /// Element i of a row buffer, converted exactly to f32.
+/// One 16-bit input element (f16 or bf16 bits) converted exactly to f32.
 template <DType T>
-__device__ inline float load_value(const void* p, long long i) {
-  if constexpr (T == DType::f32) {
-    return static_cast<const float*>(p)[i];
-  } else if constexpr (T == DType::f16) {
-    const unsigned short h = static_cast<const unsigned short*>(p)[i];
+__device__ inline float widen(unsigned short h) {
+  if constexpr (T == DType::f16) {
     // NOTE: Inf/NaN by hand: the reported bad value must keep a NaN's payload bit for bit, as
     // the reference's conversion does; the hardware conversion need not.
     if ((h & 0x7C00u) == 0x7C00u)
@@ -38,7 +40,46 @@ __device__ inline float load_value(const void* p, long long i) {
                              (unsigned(h & 0x3FFu) << 13));
     return __half2float(__ushort_as_half(h));
   } else {
-    return __uint_as_float(unsigned(static_cast<const unsigned short*>(p)[i]) << 16);
+    return __uint_as_float(unsigned(h) << 16);
+  }
+}
+
+/// The 32 values of the block starting at element `first` of a row buffer, as f32.
+/// `vectors`: the buffer is 16-byte aligned (a block is then 128 or 64 aligned bytes).
+template <DType T>
+__device__ inline void load_block(const void* p, long long first, bool vectors, float (&x)[32]) {
+  if constexpr (T == DType::f32) {
+    const float* f = static_cast<const float*>(p) + first;
+    if (vectors) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float4 v = reinterpret_cast<const float4*>(f)[i];
+        x[4 * i] = v.x;
+        x[4 * i + 1] = v.y;
+        x[4 * i + 2] = v.z;
+        x[4 * i + 3] = v.w;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) x[j] = f[j];
+    }
+  } else {
+    const unsigned short* h = static_cast<const unsigned short*>(p) + first;
+    if (vectors) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 v = reinterpret_cast<const uint4*>(h)[i];
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          x[8 * i + 2 * k] = widen<T>(static_cast<unsigned short>(w[k] & 0xFFFFu));
+          x[8 * i + 2 * k + 1] = widen<T>(static_cast<unsigned short>(w[k] >> 16));
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < 32; ++j) x[j] = widen<T>(h[j]);
+    }
   }
 }
 
@@ -70,27 +111,40 @@ __global__ void __launch_bounds__(kThreads) append_kernel(AppendArgs a) {
   }
   const long long kb = a.kv_dim_k / kBlockValues;
   const long long vb = a.kv_dim_v / kBlockValues;
-  const long long per_row = kb + vb;
-  const long long total = a.n * per_row;
-  const long long warps_in_grid = static_cast<long long>(gridDim.x) * kWarpsPerBlock;
-  // NOTE: `w` is the same on every lane of a warp, so whole warps iterate and exit together.
-  for (long long w = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
-       w < total; w += warps_in_grid) {
-    const long long r = w / per_row;
-    const long long b = w % per_row;
-    float bad = 0.0f;
-    if (b < kb) {
-      const float x = load_value<T>(a.k, r * a.kv_dim_k + b * kBlockValues + lane);
-      std::uint8_t* blk = a.k_plane + (physical0 + r) * a.k_tok_bytes + b * kQ8_0BlockBytes;
-      if (quantize_q8_0_warp(x, blk, lane, &bad) && lane == 0)
-        record_data_error(a.status, logical0 + r, kPlaneK, b, bad);
-    } else {
-      const long long vblock = b - kb;
-      const float x = load_value<T>(a.v, r * a.kv_dim_v + vblock * kBlockValues + lane);
-      std::uint8_t* blk = a.v_plane + (physical0 + r) * a.v_tok_bytes + vblock * kQ5_1BlockBytes;
-      if (quantize_q5_1_warp(x, blk, lane, &bad) && lane == 0)
-        record_data_error(a.status, logical0 + r, kPlaneV, vblock, bad);
+  const long long k_blocks = a.n * kb;
+  const long long total = k_blocks + a.n * vb;
+  const bool k_vectors = (reinterpret_cast<std::uintptr_t>(a.k) & 15u) == 0;
+  const bool v_vectors = (reinterpret_cast<std::uintptr_t>(a.v) & 15u) == 0;
+  const long long threads_in_grid = static_cast<long long>(gridDim.x) * kThreads;
+  // NOTE: `first` is the same on every lane of a warp, so whole warps iterate together and the
+  // ballot below is legal; lane `lane` takes block first + lane.
+  for (long long first = static_cast<long long>(blockIdx.x) * kThreads + (threadIdx.x & ~31u);
+       first < total; first += threads_in_grid) {
+    const long long i = first + lane;
+    bool bad = false;
+    float bad_value = 0.0f;
+    long long row = 0, block = 0;
+    int plane = kPlaneK;
+    if (i < k_blocks) {
+      row = i / kb;
+      block = i % kb;
+      float x[32];
+      load_block<T>(a.k, row * a.kv_dim_k + block * kBlockValues, k_vectors, x);
+      bad = quantize_q8_0_block(
+          x, a.k_plane + (physical0 + row) * a.k_tok_bytes + block * kQ8_0BlockBytes, &bad_value);
+    } else if (i < total) {
+      row = (i - k_blocks) / vb;
+      block = (i - k_blocks) % vb;
+      plane = kPlaneV;
+      float x[32];
+      load_block<T>(a.v, row * a.kv_dim_v + block * kBlockValues, v_vectors, x);
+      bad = quantize_q5_1_block(
+          x, a.v_plane + (physical0 + row) * a.v_tok_bytes + block * kQ5_1BlockBytes, &bad_value);
     }
+    // Bad blocks are recorded one lane at a time (the record takes a global lock).
+    for (unsigned m = __ballot_sync(0xFFFFFFFFu, bad); m != 0; m &= m - 1)
+      if (lane == __ffs(static_cast<int>(m)) - 1)
+        record_data_error(a.status, logical0 + row, plane, block, bad_value);
   }
 }
 
@@ -113,10 +167,9 @@ cudaError_t launch_typed(const AppendArgs& a, AppendMode mode, dim3 grid, cudaSt
 }  // namespace
 
 cudaError_t launch_append(const AppendArgs& a, AppendMode mode, cudaStream_t stream) {
-  const long long warps = a.n * (a.kv_dim_k / kBlockValues + a.kv_dim_v / kBlockValues);
-  if (warps <= 0) return cudaSuccess;
-  const dim3 grid(
-      static_cast<unsigned>(std::min((warps + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxGrid)));
+  const long long blocks = a.n * (a.kv_dim_k / kBlockValues + a.kv_dim_v / kBlockValues);
+  if (blocks <= 0) return cudaSuccess;
+  const dim3 grid(static_cast<unsigned>(std::min((blocks + kThreads - 1) / kThreads, kMaxGrid)));
   switch (a.dtype) {
     case DType::f32:
       return launch_typed<DType::f32>(a, mode, grid, stream);

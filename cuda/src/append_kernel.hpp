@@ -36,7 +36,7 @@ struct AppendArgs {
   DeviceStatus* status = nullptr;
 };
 
-/// Enqueues the append on `stream` (one warp per 32-value block). Capturable: reads the
+/// Enqueues the append on `stream` (one thread per 32-value block). Capturable: reads the
 /// device-counter row from device memory at run time, allocates nothing, never synchronizes.
 /// In dc/dcw mode a row outside the plane or at/after max_ctx writes nothing and records a
 /// DeviceError (SPEC §7); bad blocks are written canonically and recorded (SPEC §3).

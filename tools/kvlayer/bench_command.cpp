@@ -28,7 +28,7 @@ using cuda::detail::Event;
 using cuda::detail::Stream;
 
 constexpr std::string_view kUsage =
-    "usage: kvlayer bench [--json FILE] [--reps N] [--quick]\n"
+    "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--decode-only KEYS]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window; append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
@@ -36,7 +36,9 @@ constexpr std::string_view kUsage =
     "  and %% of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
     "  --json FILE   also write the results as JSON (for tools/bench-peers)\n"
     "  --reps N      timed repetitions per measurement (default 50)\n"
-    "  --quick       one geometry, fewer lengths (a smoke run)\n";
+    "  --quick       one geometry, fewer lengths (a smoke run)\n"
+    "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
+    "                profiler: few launches; %% ceiling is not reported)\n";
 
 struct Row {
   std::string name, shape;
@@ -231,8 +233,9 @@ struct Bench {
 };
 
 int run_bench(const std::vector<std::string>& args) {
-  const Options o(args, {"json", "reps"}, {"quick"});
+  const Options o(args, {"json", "reps", "decode-only"}, {"quick"});
   const int reps = int(o.integer("reps", 50, 5, 100000));
+  const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw Error(ErrorKind::device, "bench: no CUDA device found (run it on the GPU machine)");
@@ -243,6 +246,13 @@ int run_bench(const std::vector<std::string>& args) {
   KVLAYER_CUDA_TRY(cudaGetDeviceProperties(&p, 0));
   std::printf("kvlayer bench on %s (%d SMs, L2 %zu MiB), %d reps, medians\n", p.name,
               p.multiProcessorCount, b.l2_bytes >> 20, b.reps);
+  if (decode_only > 0) {
+    b.decode(8, 128, 8, decode_only, 0);
+    for (const Row& r : b.rows)
+      std::printf("%-16s 8x128 gqa 8 %8lld keys %10.2f us %8.0f GB/s\n", r.name.c_str(),
+                  (long long)r.keys, r.us, r.bytes / r.us / 1e3);
+    return kExitOk;
+  }
   b.ceiling();
   std::printf("streaming-read ceiling: %.0f GB/s\n", b.ceiling_gbs);
   struct G {

@@ -165,18 +165,22 @@ inline HostRows make_rows(const Geometry& g, std::int64_t n, DType t, Fill fill,
   return r;
 }
 
-/// A device copy of HostRows (synchronous upload).
+/// A device copy of HostRows (synchronous upload). k_skip / v_skip: elements left before the
+/// rows, so that the views start off the allocation's alignment (the append's scalar path).
 struct DeviceRows {
   DeviceBuffer k, v;
   cuda::RowsView view;
-  explicit DeviceRows(const HostRows& h)
-      : k(std::max<std::size_t>(h.k.size(), 1)), v(std::max<std::size_t>(h.v.size(), 1)) {
-    KVLAYER_CUDA_TRY(cudaMemcpy(k.get(), h.k.data(), h.k.size(), cudaMemcpyHostToDevice));
-    KVLAYER_CUDA_TRY(cudaMemcpy(v.get(), h.v.data(), h.v.size(), cudaMemcpyHostToDevice));
+  explicit DeviceRows(const HostRows& h, std::size_t k_skip = 0, std::size_t v_skip = 0)
+      : k(h.k.size() + k_skip * dtype_size(h.dtype) + 1),
+        v(h.v.size() + v_skip * dtype_size(h.dtype) + 1) {
+    std::uint8_t* kd = k.as<std::uint8_t>() + k_skip * dtype_size(h.dtype);
+    std::uint8_t* vd = v.as<std::uint8_t>() + v_skip * dtype_size(h.dtype);
+    KVLAYER_CUDA_TRY(cudaMemcpy(kd, h.k.data(), h.k.size(), cudaMemcpyHostToDevice));
+    KVLAYER_CUDA_TRY(cudaMemcpy(vd, h.v.data(), h.v.size(), cudaMemcpyHostToDevice));
     // NOTE: a pageable cudaMemcpy may return before its DMA lands, and the layers' streams are
     // non-blocking (no implicit order with the legacy stream): wait for it.
     KVLAYER_CUDA_TRY(cudaDeviceSynchronize());
-    view = cuda::RowsView{k.get(), v.get(), h.n, h.dtype};
+    view = cuda::RowsView{kd, vd, h.n, h.dtype};
   }
   /// Work enqueued on any stream may still read the rows: let it finish before cudaFree.
   ~DeviceRows() { (void)cudaDeviceSynchronize(); }

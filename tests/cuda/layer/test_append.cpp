@@ -60,6 +60,28 @@ TEST(CudaAppend, BatchedRowsEqualReferenceBytes) {
   }
 }
 
+/// Rows that start off 16-byte alignment (any element-aligned pointer is valid input) take the
+/// append's scalar loads and give the same bytes and the same data errors.
+TEST(CudaAppend, MisalignedRowsEqualReference) {
+  KVLAYER_REQUIRE_GPU();
+  Stream stream;
+  Rng rng(0x0FF5E7);
+  for (const Geometry& g : append_geometries()) {
+    for (DType t : kDTypes) {
+      SCOPED_TRACE(context(g, t, Fill::adversarial));
+      cuda::KvLayer gpu(g, g.n_kv_heads, stream.get());
+      ref::KvLayer ref(g);
+      const std::int64_t n = std::min<std::int64_t>(9, g.max_ctx);
+      const HostRows rows = make_rows(g, n, t, Fill::adversarial, rng);
+      const DeviceRows drows(rows, 1, 3);
+      ASSERT_NE(reinterpret_cast<std::uintptr_t>(drows.view.k) % 16, 0u);
+      gpu.append(drows.view);
+      ref.append(rows.view());
+      ASSERT_TRUE(same_state(gpu, ref));
+    }
+  }
+}
+
 /// The same rows written by append, append_dc and append_dcw give the same bytes and the same
 /// status (SPEC §5 last rule), all equal to the reference's batched append.
 TEST(CudaAppend, EveryVariantWritesTheSameBytes) {
