@@ -314,6 +314,9 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"bench", "--reps", "2"},
                      2,
                      "kvlayer bench: --reps '2' must be an integer in [5, 100000]\n"});
+    cases.push_back({{"bench", "--decode-only", "63"},
+                     2,
+                     "kvlayer bench: --decode-only '63' must be an integer in [64, 16777216]\n"});
     cases.push_back({{"soak", "--cycles", "-1"},
                      2,
                      "kvlayer soak: --cycles '-1' must be an integer in [0, 100000000]\n"});

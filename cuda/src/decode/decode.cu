@@ -367,12 +367,25 @@ __global__ void decode_merge_kernel(const MergeParams p) {
   }
   __syncthreads();
 
+  // Batches of 16 partials: all their loads are issued before the sums (still in split order)
+  // use them. NOTE: one load then one FMA at a time made ~50 dependent L2 round trips, about
+  // 10 µs at every view length (ncu, bench/NOTES.md).
+  constexpr int kBatch = 16;
   float num = 0.0f, den = 0.0f;
-#pragma unroll 4
-  for (int i = 0; i < active; ++i) {
-    const long long part = (part0 + i) * p.gqa + g;
-    num = fmaf(s.o[part * D + tid], w_s[i], num);
-    den = fmaf(s.l[part], w_s[i], den);
+  for (int i0 = 0; i0 < active; i0 += kBatch) {
+    float o_b[kBatch], l_b[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const long long part = (part0 + (i0 + j < active ? i0 + j : i0)) * p.gqa + g;
+      o_b[j] = s.o[part * D + tid];
+      l_b[j] = s.l[part];
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (i0 + j < active) {
+        num = fmaf(o_b[j], w_s[i0 + j], num);
+        den = fmaf(l_b[j], w_s[i0 + j], den);
+      }
   }
   *out = num / den;
 }
