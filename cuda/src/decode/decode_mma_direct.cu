@@ -404,7 +404,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 
   // Double-buffered registers: tile i + 1's loads are in flight while tile i computes.
   // NOTE: a shared-memory pipeline (lane-private cp.async stages, 2 tiles ahead, 4 blocks per
-  // SM) measured 160 µs against this version's 110 µs at 128K keys (bench/NOTES.md).
+  // SM) measured 160 µs against this version's 102–110 µs at 128K keys, and an L2 bulk prefetch
+  // two tiles ahead 141 µs (bench/NOTES.md).
   TileRegs buf0, buf1;
   if (my_tiles > 0) load_tile(buf0, 0);
   for (int i = 0; i < my_tiles; i += 2) {
