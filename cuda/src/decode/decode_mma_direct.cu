@@ -3,7 +3,8 @@
 // the live view in 64-key granules, partial format, device-mode checks, merge kernel) and the
 // same declared internal precision, point for point (decode_mma.cu's header; accuracy.hpp):
 //  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh f32
-//      accumulator, × f32(d) (__fmul_rn), blocks summed in block order (__fadd_rn), × scale.
+//      accumulator, × f32(d), blocks summed in block order: block 0 by __fmul_rn, each later
+//      block by fmaf(c, d, s) (one rounding where decode_mma.cu has two), × scale (__fmul_rn).
 //  (2) online softmax in f32, one max update per 16-key warp tile, IEEE exp2f, finite sentinel.
 //  (3) p rounded to fp16 for PV; V = d·q + m by one HFMA2 (exact value rounded once to fp16), or
 //      the exact f32 value on the CUDA cores for a tile holding a block beyond fp16's range; row
