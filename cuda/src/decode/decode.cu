@@ -124,9 +124,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   const SplitRange range = begin_split(p, D, T);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const long long lo = range.lo, hi = range.hi;
-  float* part_o = range.o;
-  float* part_m = range.m;
-  float* part_l = range.l;
 
   // q of this KV head's query heads, rounded to fp16 once, laid out [g][block][36].
   for (int i = tid; i < G * D; i += kThreads) {
@@ -318,15 +315,15 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 #pragma unroll
     for (int k = 0; k < GPT; ++k) {
       const int g = hg + S::kHeadGroups * k;
-      if (g < G) part_o[g * D + col0 + c * S::kColThreads] = acc[c][k];
+      if (g < G) range.o[g * D + col0 + c * S::kColThreads] = acc[c][k];
     }
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < GW; ++k) {
       const int g = warp + kWarps * k;
       if (g < G) {
-        part_m[g] = m_run[k];
-        part_l[g] = l_run[k];
+        range.m[g] = m_run[k];
+        range.l[g] = l_run[k];
       }
     }
   }

@@ -149,6 +149,44 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   return r;
 }
 
+/// The last step of a tensor-core split block (decode_mma.cu, decode_mma_direct.cu): merges its
+/// kWarps warps' online-softmax states into the split's partial, in f32, warps in order:
+/// m = max_w m_w, weight_w = exp2f((m_w − m)·log2e) (exactly 1 for the max), l = Σ l_w·weight_w,
+/// o = Σ o_w·weight_w. m_s, l_s, w_s hold [warp][head] at row stride `heads`; o_s [warp][head]
+/// rows of `o_stride` floats. Call after a __syncthreads that made m_s, l_s and o_s visible.
+template <int kWarps, int kThreads>
+__device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int gqa,
+                                                         int head_dim, int heads,
+                                                         const float* m_s, const float* l_s,
+                                                         float* w_s, const float* o_s,
+                                                         int o_stride) {
+  const int tid = threadIdx.x;
+  if (tid < gqa) {
+    float top = kNegSentinel;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w * heads + tid]);
+    float den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = m_s[w * heads + tid];
+      const float wt = mw == top ? 1.0f : exp2f((mw - top) * kLog2e);
+      w_s[w * heads + tid] = wt;
+      den = fmaf(l_s[w * heads + tid], wt, den);
+    }
+    r.m[tid] = top;
+    r.l[tid] = den;
+  }
+  __syncthreads();
+  for (int i = tid; i < gqa * head_dim; i += kThreads) {
+    const int h = i / head_dim, col = i % head_dim;
+    float num = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      num = fmaf(o_s[(w * heads + h) * o_stride + col], w_s[w * heads + h], num);
+    r.o[i] = num;
+  }
+}
+
 // ---- cp.async (sm_80+) ---------------------------------------------------------------------
 
 template <int kBytes>

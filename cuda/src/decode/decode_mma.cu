@@ -240,9 +240,6 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const long long lo = range.lo, hi = range.hi;
-  float* part_o = range.o;
-  float* part_m = range.m;
-  float* part_l = range.l;
 
   // ---- q̃ as A fragments, for the whole split: qa[b][ks][r], r = a0..a3 of the PTX layout. ----
   // a0: row g, slots 2t+e; a1: row g+8, slots 2t+e; a2: row g, 2t+8+e; a3: row g+8, 2t+8+e.
@@ -500,30 +497,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           make_float2(o[j][2 * r], o[j][2 * r + 1]);
     }
   __syncthreads();
-  if (tid < G) {
-    float top = kNegSentinel;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w * 16 + tid]);
-    float den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = m_s[w * 16 + tid];
-      const float wt = mw == top ? 1.0f : exp2f((mw - top) * kLog2e);
-      w_s[w * 16 + tid] = wt;
-      den = fmaf(l_s[w * 16 + tid], wt, den);
-    }
-    part_m[tid] = top;
-    part_l[tid] = den;
-  }
-  __syncthreads();
-  for (int i = tid; i < G * D; i += kThreads) {
-    const int h = i / D, col = i % D;
-    float num = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      num = fmaf(o_s[(w * 16 + h) * S::kOStride + col], w_s[w * 16 + h], num);
-    part_o[i] = num;
-  }
+  merge_warps_into_partial<kWarps, kThreads>(range, G, D, 16, m_s, l_s, w_s, o_s, S::kOStride);
 }
 
 template <int D, int GM>
