@@ -200,7 +200,7 @@ KVLAYER_QUANTIZE_FN bool quantize_q5_1_block(const float (&x)[32], std::uint8_t*
         float shifted = ops::add_rn(scaled, 0.5f);                    // ... then one add
         if (KVLAYER_QUANTIZE_MUTANT(q5_1_fma))
           shifted = ops::fma_rn(ops::sub_rn(x[j], lo), id, 0.5f);  // planted bug
-        q[j] = static_cast<unsigned>(shifted);                       // truncation; 0 ≤ q ≤ 31
+        q[j] = static_cast<unsigned>(shifted);                     // truncation; 0 ≤ q ≤ 31
         qh |= ((q[j] >> 4) & 1u) << j;
       }
       if (KVLAYER_QUANTIZE_MUTANT(qh_bit_order)) qh = ops::bit_reverse(qh);  // planted bug

@@ -155,11 +155,10 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
 /// o = Σ o_w·weight_w. m_s, l_s, w_s hold [warp][head] at row stride `heads`; o_s [warp][head]
 /// rows of `o_stride` floats. Call after a __syncthreads that made m_s, l_s and o_s visible.
 template <int kWarps, int kThreads>
-__device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int gqa,
-                                                         int head_dim, int heads,
-                                                         const float* m_s, const float* l_s,
-                                                         float* w_s, const float* o_s,
-                                                         int o_stride) {
+__device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int gqa, int head_dim,
+                                                         int heads, const float* m_s,
+                                                         const float* l_s, float* w_s,
+                                                         const float* o_s, int o_stride) {
   const int tid = threadIdx.x;
   if (tid < gqa) {
     float top = kNegSentinel;

@@ -543,7 +543,8 @@ cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
   using namespace decode_impl;
   if (split_mma_direct_serves(head_dim, gqa)) return split_mma_direct_resident_blocks(blocks);
   const auto query = [&](auto kernel, int smem) {
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     return err != cudaSuccess
                ? err
                : cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);

@@ -57,7 +57,6 @@ constexpr int kHeads = 8;                ///< mma N: query heads of the KV head 
 constexpr int kOStride = kD + 4;         ///< merge staging row (floats)
 static_assert(kWK == 16 && kThreads == kDecodeThreads);
 
-
 /// Byte offset, within a key's K span, of the first quant of pair (reg, h) of block b as lane t
 /// of a quad holds it after gather_k_block (pairs are 2-byte aligned: never split by a word).
 ///  t ≥ 1: block b is the lane's word t + 4b, registers (lo, hi) as loaded.
@@ -292,8 +291,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 #pragma unroll
       for (int ks = 0; ks < 2; ++ks)
         mma_16816(c, int8_pair_to_f16x2(u[0][ks], 0), int8_pair_to_f16x2(u[1][ks], 0),
-                  int8_pair_to_f16x2(u[0][ks], 1), int8_pair_to_f16x2(u[1][ks], 1),
-                  qb[b][ks][0], qb[b][ks][1]);
+                  int8_pair_to_f16x2(u[0][ks], 1), int8_pair_to_f16x2(u[1][ks], 1), qb[b][ks][0],
+                  qb[b][ks][1]);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const unsigned dw = dpk[e >> 1][b >> 1];
@@ -372,7 +371,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
       const uint2 w0 = r.vq[2 * pair], w1 = r.vq[2 * pair + 1];
       d2[pair] = __byte_perm(h0.x, h1.x, 0x5410);
       m2[pair] = __byte_perm(h0.x, h1.x, 0x7632);
-      qh2[pair] = __byte_perm(h0.y, h1.y, qh_sel);  // per lane: bits 0..7 low, 8..15 high quants
+      qh2[pair] = __byte_perm(h0.y, h1.y, qh_sel);     // per lane: bits 0..7 low, 8..15 high quants
       qs2[pair][0] = __byte_perm(w0.x, w1.x, 0x5410);  // qs bytes 0, 1 of each key
       qs2[pair][1] = __byte_perm(w0.x, w1.x, 0x7632);  // bytes 2, 3
       qs2[pair][2] = __byte_perm(w0.y, w1.y, 0x5410);  // bytes 4, 5
@@ -464,7 +463,9 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 
 }  // namespace
 
-bool split_mma_direct_serves(int head_dim, int gqa) { return head_dim == kD && gqa <= kHeads; }
+bool split_mma_direct_serves(int head_dim, int gqa) {
+  return head_dim == kD && gqa <= kHeads;
+}
 
 cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
   decode_split_mma_direct_kernel<<<grid, kThreads, 0, stream>>>(sp);

@@ -112,7 +112,8 @@ TEST(DecodePlan, MmaBlocksPerSmAreResident) {
     for (const int gqa : {8, 16}) {
       int blocks = 0;
       ASSERT_EQ(cuda::detail::mma_split_resident_blocks(d, gqa, &blocks), cudaSuccess);
-      EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, gqa)) << "D " << d << " gqa " << gqa;
+      EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, gqa))
+          << "D " << d << " gqa " << gqa;
     }
 }
 
