@@ -28,7 +28,6 @@ constexpr long long kMaxGrid = 1 << 20;  ///< the block loop strides past this
 constexpr int kPlaneK = 0;
 constexpr int kPlaneV = 1;
 
-/// Element i of a row buffer, converted exactly to f32.
 /// One 16-bit input element (f16 or bf16 bits) converted exactly to f32.
 template <DType T>
 __device__ inline float widen(unsigned short h) {

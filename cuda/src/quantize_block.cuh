@@ -143,14 +143,14 @@ KVLAYER_QUANTIZE_FN unsigned pack4(unsigned b0, unsigned b1, unsigned b2, unsign
 /// (and the offending value) when the block was written as the canonical bad block.
 KVLAYER_QUANTIZE_FN bool quantize_q8_0_block(const float (&x)[32], std::uint8_t* blk,
                                              float* bad_value) {
-  bool finite = qb::all_finite(x);
+  const bool finite = qb::all_finite(x);
   float amax = 0.0f;
   KVLAYER_UNROLL
   for (int j = 0; j < 32; ++j) amax = amax < ops::fabs(x[j]) ? ops::fabs(x[j]) : amax;
   const float d = ops::div_rn(amax, 127.0f);
   const unsigned short dh = ops::half_bits(d);
   unsigned short words[17];  // d, then the quants as little-endian byte pairs
-  bool bad = !finite || qb::is_inf_half(dh);
+  const bool bad = !finite || qb::is_inf_half(dh);
   if (bad) {
     *bad_value = qb::offending_value(x);
     words[0] = qb::kNaNHalf;
