@@ -350,6 +350,23 @@ __global__ void decode_merge_kernel(const MergeParams p) {
   const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, p.gqa, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
 
+  // Batches of kBatch partials: all their o and l loads are issued before the sums (still in
+  // split order) use them. The first batch's loads go out before the max pass below: they do not
+  // depend on it, so their latency overlaps its m loads and barriers.
+  // NOTE: ncu, 8×128 gqa 8: one load then one FMA at a time made ~50 dependent L2 round trips
+  // (about 10 µs); batches of 16 behind the max pass took 6.6–7.1 µs (bench/NOTES.md).
+  constexpr int kBatch = 64;
+  float o_b[kBatch], l_b[kBatch];
+  const auto load_batch = [&](int i0) {
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const long long part = (part0 + (i0 + j < active ? i0 + j : i0)) * p.gqa + g;
+      o_b[j] = s.o[part * D + tid];
+      l_b[j] = s.l[part];
+    }
+  };
+  load_batch(0);
+
   // M = max_i m_i (fmaxf is exact and order-free).
   float top = kNegSentinel;
   for (int i = tid; i < active; i += D) top = fmaxf(top, s.m[(part0 + i) * p.gqa + g]);
@@ -364,19 +381,9 @@ __global__ void decode_merge_kernel(const MergeParams p) {
   }
   __syncthreads();
 
-  // Batches of 16 partials: all their loads are issued before the sums (still in split order)
-  // use them. NOTE: one load then one FMA at a time made ~50 dependent L2 round trips, about
-  // 10 µs at every view length (ncu, bench/NOTES.md).
-  constexpr int kBatch = 16;
   float num = 0.0f, den = 0.0f;
   for (int i0 = 0; i0 < active; i0 += kBatch) {
-    float o_b[kBatch], l_b[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const long long part = (part0 + (i0 + j < active ? i0 + j : i0)) * p.gqa + g;
-      o_b[j] = s.o[part * D + tid];
-      l_b[j] = s.l[part];
-    }
+    if (i0 > 0) load_batch(i0);
 #pragma unroll
     for (int j = 0; j < kBatch; ++j)
       if (i0 + j < active) {
