@@ -1,8 +1,9 @@
 // Quantized append: K rows -> q8_0 blocks, V rows -> q5_1 blocks, bit-exact with
-// reference/src/quantize.cpp (SPEC §3). One thread per 32-value block: it loads the block's
-// values as 16-byte vectors and quantizes them in registers (quantize_block.cuh); consecutive
-// threads take consecutive blocks (all K blocks of the rows, then all V blocks), so a warp reads
-// and writes contiguous bytes.
+// reference/src/quantize.cpp (SPEC §3). One thread per 32-value block, quantized in registers
+// (quantize_block.cuh); consecutive threads take consecutive blocks (all K blocks of the rows,
+// then all V blocks), so a warp reads and writes contiguous bytes. A warp whose 32 blocks lie in
+// one aligned buffer reads them with coalesced loads through shared memory
+// (load_block_coalesced); other warps load each block as 16-byte vectors, or element-wise.
 //
 // NOTE: the first version gave each block a warp (lane j value j, shuffle reductions): ~240
 // issue slots per block made it issue-bound at 15% of the streaming rate (bench/NOTES.md).
@@ -22,8 +23,11 @@
 namespace kvlayer::cuda::detail {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr long long kMaxGrid = 1 << 20;  ///< the block loop strides past this
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+/// Resident blocks per multiprocessor the grid is sized for (__launch_bounds__ caps the
+/// registers to fit them).
+constexpr int kBlocksPerSm = 4;
 
 constexpr int kPlaneK = 0;
 constexpr int kPlaneV = 1;
@@ -82,9 +86,134 @@ __device__ inline void load_block(const void* p, long long first, bool vectors, 
   }
 }
 
+/// Bytes of one input block (32 elements of T), and its 16-byte pieces.
+template <DType T>
+inline constexpr int kInBlockBytes = T == DType::f32 ? 128 : 64;
+template <DType T>
+inline constexpr int kPieces = kInBlockBytes<T> / 16;
+
+/// A warp's stage: its window's 32 input blocks, pieces XOR-swizzled (piece k of block b at
+/// b·P + (k ^ (b mod P))) so that the coalesced fills and the per-lane reads are both free of
+/// bank conflicts.
+template <DType T>
+struct Stage {
+  uint4 piece[32 * kPieces<T>];
+};
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  // .cg: through L2 only; the rows are read once.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all_but_one() {
+  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
+
+/// Blocks [first, first + 32) of the append, as the kernel's warps walk them (all K blocks of
+/// the rows, then all V blocks). `staged`: the 32 blocks are all K (or all V) blocks of a
+/// 16-byte aligned buffer, so the warp copies them into its stage with coalesced 16-byte loads
+/// (piece k·32 + lane of the window at step k); other windows are loaded lane by lane.
+struct Window {
+  long long first;
+  bool staged;
+  const uint4* src;  ///< the window's first piece (staged windows)
+};
+
+template <DType T>
+__device__ __forceinline__ Window window_at(const AppendArgs& a, long long first,
+                                            long long k_blocks, long long total, bool k_vectors,
+                                            bool v_vectors) {
+  Window w{first, false, nullptr};
+  if (k_vectors && first + 32 <= k_blocks) {
+    w.staged = true;
+    w.src = static_cast<const uint4*>(a.k) + first * kPieces<T>;
+  } else if (v_vectors && first >= k_blocks && first + 32 <= total) {
+    w.staged = true;
+    w.src = static_cast<const uint4*>(a.v) + (first - k_blocks) * kPieces<T>;
+  }
+  return w;
+}
+
+/// NOTE: a staged window's blocks are also stored through the stage (store_run).
+/// Starts the copy of a staged window into `stage` (one cp.async group per call, empty for
+/// other windows, so that the group count stays uniform).
+template <DType T>
+__device__ __forceinline__ void issue_window(const Window& w, bool valid, int lane,
+                                             Stage<T>& stage) {
+  constexpr int P = kPieces<T>;
+  if (valid && w.staged) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const int piece = k * 32 + lane, b = piece / P, sub = piece % P;
+      cp_async_16(&stage.piece[b * P + (sub ^ (b % P))], w.src + piece);
+    }
+  }
+  cp_async_commit();
+}
+
+/// Lane `lane`'s block from a filled stage, as f32.
+template <DType T>
+__device__ __forceinline__ void read_stage(const Stage<T>& stage, int lane, float (&x)[32]) {
+  constexpr int P = kPieces<T>;
+  uint4 w[P];
+#pragma unroll
+  for (int k = 0; k < P; ++k) w[k] = stage.piece[lane * P + (k ^ (lane % P))];
+  if constexpr (T == DType::f32) {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      x[4 * k] = __uint_as_float(w[k].x);
+      x[4 * k + 1] = __uint_as_float(w[k].y);
+      x[4 * k + 2] = __uint_as_float(w[k].z);
+      x[4 * k + 3] = __uint_as_float(w[k].w);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < P; ++k) {
+      const unsigned u[4] = {w[k].x, w[k].y, w[k].z, w[k].w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        x[8 * k + 2 * j] = widen<T>(static_cast<unsigned short>(u[j] & 0xFFFFu));
+        x[8 * k + 2 * j + 1] = widen<T>(static_cast<unsigned short>(u[j] >> 16));
+      }
+    }
+  }
+}
+
+/// Stores `bytes` (a multiple of 8) from the stage to dst with the warp's lanes writing
+/// consecutive words: 8-byte words where dst allows, else 4- or 2-byte (a K plane of an odd
+/// number of blocks per row is only 2-byte aligned).
+/// NOTE: each lane storing its own 34-byte block as 16-bit words sent 17 scattered store
+/// instructions per warp, ~3 useful bytes per 32-byte sector (ncu).
+__device__ __forceinline__ void store_run(const std::uint8_t* stage, std::uint8_t* dst, int bytes,
+                                          int lane) {
+  const auto address = reinterpret_cast<std::uintptr_t>(dst);
+  if (address % 8 == 0) {
+    for (int w = lane; w < bytes / 8; w += 32)
+      reinterpret_cast<unsigned long long*>(dst)[w] =
+          reinterpret_cast<const unsigned long long*>(stage)[w];
+  } else if (address % 4 == 0) {
+    for (int w = lane; w < bytes / 4; w += 32)
+      reinterpret_cast<unsigned*>(dst)[w] = reinterpret_cast<const unsigned*>(stage)[w];
+  } else {
+    for (int w = lane; w < bytes / 2; w += 32)
+      reinterpret_cast<unsigned short*>(dst)[w] = reinterpret_cast<const unsigned short*>(stage)[w];
+  }
+}
+
+/// Each warp walks windows of 32 blocks (one block per lane) with a grid stride; the next
+/// window's copy is in flight while the current one is quantized (two stages per warp).
+/// NOTE: without the pipeline (one block per thread, load → quantize → store, ~4 waves) the
+/// 4096-row chunk ran at 28% of the streaming-read ceiling (bench/NOTES.md).
 template <DType T, AppendMode M>
-__global__ void __launch_bounds__(kThreads) append_kernel(AppendArgs a) {
-  const int lane = int(threadIdx.x & 31u);
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendArgs a) {
+  __shared__ Stage<T> stages_s[kWarps][2];
+  const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
   long long physical0 = a.physical_row0;
   long long logical0 = a.logical_row0;
   if constexpr (M != AppendMode::host) {
@@ -114,37 +243,73 @@ __global__ void __launch_bounds__(kThreads) append_kernel(AppendArgs a) {
   const long long total = k_blocks + a.n * vb;
   const bool k_vectors = (reinterpret_cast<std::uintptr_t>(a.k) & 15u) == 0;
   const bool v_vectors = (reinterpret_cast<std::uintptr_t>(a.v) & 15u) == 0;
-  const long long threads_in_grid = static_cast<long long>(gridDim.x) * kThreads;
-  // NOTE: `first` is the same on every lane of a warp, so whole warps iterate together and the
-  // ballot below is legal; lane `lane` takes block first + lane.
-  for (long long first = static_cast<long long>(blockIdx.x) * kThreads + (threadIdx.x & ~31u);
-       first < total; first += threads_in_grid) {
+  // NOTE: windows are warp-uniform, so whole warps iterate together and the ballot below is
+  // legal; lane `lane` takes block first + lane.
+  const long long stride = static_cast<long long>(gridDim.x) * kThreads;
+  long long first = static_cast<long long>(blockIdx.x) * kThreads + 32 * warp;
+  Window cur = window_at<T>(a, first, k_blocks, total, k_vectors, v_vectors);
+  issue_window<T>(cur, first < total, lane, stages_s[warp][0]);
+  for (int slot = 0; first < total; first += stride, slot ^= 1) {
+    const Window next = window_at<T>(a, first + stride, k_blocks, total, k_vectors, v_vectors);
+    issue_window<T>(next, first + stride < total, lane, stages_s[warp][slot ^ 1]);
+    cp_async_wait_all_but_one();  // this lane's copies of `cur`
+    __syncwarp();                 // … and every lane's
+
     const long long i = first + lane;
     bool bad = false;
     float bad_value = 0.0f;
     long long row = 0, block = 0;
     int plane = kPlaneK;
-    if (i < k_blocks) {
-      row = i / kb;
-      block = i % kb;
+    if (cur.staged) {
+      // All 32 blocks in one plane: quantized into the stage, then stored as one contiguous
+      // run of bytes (a plane's blocks follow each other across heads and rows).
+      std::uint8_t* out = reinterpret_cast<std::uint8_t*>(stages_s[warp][slot].piece);
       float x[32];
-      load_block<T>(a.k, row * a.kv_dim_k + block * kBlockValues, k_vectors, x);
-      bad = quantize_q8_0_block(
-          x, a.k_plane + (physical0 + row) * a.k_tok_bytes + block * kQ8_0BlockBytes, &bad_value);
+      read_stage<T>(stages_s[warp][slot], lane, x);
+      __syncwarp();  // every lane has its input before the stage takes the output
+      std::uint8_t* dst;
+      int block_bytes;
+      if (i < k_blocks) {
+        row = i / kb;
+        block = i % kb;
+        block_bytes = kQ8_0BlockBytes;
+        bad = quantize_q8_0_block(x, out + block_bytes * lane, &bad_value);
+        dst = a.k_plane + physical0 * a.k_tok_bytes + first * kQ8_0BlockBytes;
+      } else {
+        row = (i - k_blocks) / vb;
+        block = (i - k_blocks) % vb;
+        plane = kPlaneV;
+        block_bytes = kQ5_1BlockBytes;
+        bad = quantize_q5_1_block(x, out + block_bytes * lane, &bad_value);
+        dst = a.v_plane + physical0 * a.v_tok_bytes + (first - k_blocks) * kQ5_1BlockBytes;
+      }
+      __syncwarp();
+      store_run(out, dst, 32 * block_bytes, lane);
     } else if (i < total) {
-      row = (i - k_blocks) / vb;
-      block = (i - k_blocks) % vb;
-      plane = kPlaneV;
       float x[32];
-      load_block<T>(a.v, row * a.kv_dim_v + block * kBlockValues, v_vectors, x);
-      bad = quantize_q5_1_block(
-          x, a.v_plane + (physical0 + row) * a.v_tok_bytes + block * kQ5_1BlockBytes, &bad_value);
+      if (i < k_blocks) {
+        row = i / kb;
+        block = i % kb;
+        load_block<T>(a.k, row * a.kv_dim_k + block * kBlockValues, k_vectors, x);
+        bad = quantize_q8_0_block(
+            x, a.k_plane + (physical0 + row) * a.k_tok_bytes + block * kQ8_0BlockBytes, &bad_value);
+      } else {
+        row = (i - k_blocks) / vb;
+        block = (i - k_blocks) % vb;
+        plane = kPlaneV;
+        load_block<T>(a.v, row * a.kv_dim_v + block * kBlockValues, v_vectors, x);
+        bad = quantize_q5_1_block(
+            x, a.v_plane + (physical0 + row) * a.v_tok_bytes + block * kQ5_1BlockBytes, &bad_value);
+      }
     }
     // Bad blocks are recorded one lane at a time (the record takes a global lock).
     for (unsigned m = __ballot_sync(0xFFFFFFFFu, bad); m != 0; m &= m - 1)
       if (lane == __ffs(static_cast<int>(m)) - 1)
         record_data_error(a.status, logical0 + row, plane, block, bad_value);
+    __syncwarp();  // every lane has read this stage before the next iteration refills it
+    cur = next;
   }
+  cp_async_wait_all();  // only empty groups can remain; keep the exit clean anyway
 }
 
 template <DType T>
@@ -168,7 +333,15 @@ cudaError_t launch_typed(const AppendArgs& a, AppendMode mode, dim3 grid, cudaSt
 cudaError_t launch_append(const AppendArgs& a, AppendMode mode, cudaStream_t stream) {
   const long long blocks = a.n * (a.kv_dim_k / kBlockValues + a.kv_dim_v / kBlockValues);
   if (blocks <= 0) return cudaSuccess;
-  const dim3 grid(static_cast<unsigned>(std::min((blocks + kThreads - 1) / kThreads, kMaxGrid)));
+  // One resident wave of blocks (each warp then walks several windows, which the pipeline
+  // needs), or fewer when there is less work.
+  int device = 0, sms = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  if (const cudaError_t err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      err != cudaSuccess)
+    return err;
+  const long long wave = static_cast<long long>(sms) * kBlocksPerSm;
+  const dim3 grid(static_cast<unsigned>(std::min((blocks + kThreads - 1) / kThreads, wave)));
   switch (a.dtype) {
     case DType::f32:
       return launch_typed<DType::f32>(a, mode, grid, stream);

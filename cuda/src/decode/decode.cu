@@ -334,6 +334,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 __global__ void decode_merge_kernel(const MergeParams p) {
   __shared__ float w_s[kDecodeMaxSplits];
   __shared__ float red_s[32];
+  wait_for_split_grid();  // launched as a programmatic dependent of the split grid
   const View view = resolve_view(p.view);
   if (view.error) return;  // the split kernel recorded it
   const int D = blockDim.x;
@@ -472,9 +473,19 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
 
   const MergeParams mp{vp,       a.out, plan.gqa, plan.n_splits, plan.tile_keys, plan.n_kv_heads,
                        a.scratch};
-  decode_merge_kernel<<<static_cast<unsigned>(plan.n_kv_heads * plan.gqa),
-                        static_cast<unsigned>(plan.head_dim), 0, stream>>>(mp);
-  return cudaGetLastError();
+  // Programmatic dependent launch: the merge grid may be scheduled while the split grid drains;
+  // it waits for the split grid's completion (wait_for_split_grid) before reading scratch.
+  // NOTE: saves the launch gap between the two kernels (bench/NOTES.md); graph-capturable.
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(plan.n_kv_heads * plan.gqa));
+  config.blockDim = dim3(static_cast<unsigned>(plan.head_dim));
+  config.stream = stream;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, decode_merge_kernel, mp);
 }
 
 KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mutant)

@@ -103,6 +103,20 @@ struct SplitParams {
   DeviceStatus* status;
 };
 
+// ---- Programmatic dependent launch (sm_90) -----------------------------------------------
+
+/// Split kernels: lets the merge grid, launched with programmatic stream serialization, be
+/// scheduled before this grid ends (its blocks then take SM slots as split blocks retire).
+/// NOTE: no ordering is given up: the merge waits in wait_for_split_grid for this whole grid.
+__device__ __forceinline__ void allow_merge_launch() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
+/// Merge kernel: waits until the split grid has completed and its writes are visible.
+__device__ __forceinline__ void wait_for_split_grid() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 /// What one split block attends and where its partial goes: keys [lo, hi) at physical row
 /// key − base, partial o[gqa][D], m[gqa], l[gqa].
 struct SplitRange {
@@ -115,9 +129,11 @@ struct SplitRange {
 
 /// The prologue every split kernel shares (block-uniform, before any barrier): resolves and
 /// checks the view (recording a device error once), and for a split past the view's end writes
-/// the empty partial (m = sentinel, l = 0, o = 0) so that scratch is always whole.
-/// tile_keys is the kernel's partition granule (decode_keys_per_split).
+/// the empty partial (m = sentinel, l = 0, o = 0) so that scratch is always whole; and it lets
+/// the merge grid launch early (allow_merge_launch). tile_keys is the kernel's partition
+/// granule (decode_keys_per_split).
 __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys) {
+  allow_merge_launch();
   SplitRange r{};
   const int split = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x, G = p.gqa;
   const View view = resolve_view(p.view);
