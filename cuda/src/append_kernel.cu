@@ -216,7 +216,11 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendAr
   const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
   long long physical0 = a.physical_row0;
   long long logical0 = a.logical_row0;
-  if constexpr (M != AppendMode::host) {
+  if constexpr (M == AppendMode::host) {
+    // The new length: nothing in this launch reads it (host mode takes its row by value).
+    if (a.host_len_d_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
+      *a.host_len_d_out = static_cast<std::int32_t>(logical0 + a.n);
+  } else {
     // Device-counter row (SPEC §7), checked in the reference's order: max_ctx first.
     const long long len = *a.len_d;
     const long long base = M == AppendMode::dcw ? *a.base_d : 0;

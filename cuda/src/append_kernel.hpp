@@ -30,6 +30,9 @@ struct AppendArgs {
   std::int64_t physical_row0 = 0;        ///< host mode
   std::int64_t logical_row0 = 0;         ///< host mode
   const std::int32_t* len_d = nullptr;   ///< dc, dcw
+  /// Host mode: when set, the kernel also stores logical_row0 + n there (the layer's len_d), so
+  /// that an append is one launch.
+  std::int32_t* host_len_d_out = nullptr;
   const std::int32_t* base_d = nullptr;  ///< dcw
   std::int64_t rows = 0;                 ///< physical rows of each plane (dcw bound)
   std::int64_t max_ctx = 0;              ///< dc, dcw bound

@@ -246,9 +246,9 @@ void KvLayer::append(const RowsView& rows) {
   AppendArgs a = s.append_args(rows);
   a.physical_row0 = p.write_row;
   a.logical_row0 = s.len;
+  a.host_len_d_out = s.len_d();  // the kernel sets len_d = len + n (no second launch)
   check_cuda(detail::launch_append(a, AppendMode::host, s.stream), "launch_append");
   s.len += rows.n;
-  s.set_counters(s.len, -1);
 }
 
 bool KvLayer::can_rewind_to(std::int64_t p) const {
