@@ -186,8 +186,9 @@ __device__ __forceinline__ void read_stage(const Stage<T>& stage, int lane, floa
 }
 
 /// Stores `bytes` (a multiple of 8) from the stage to dst with the warp's lanes writing
-/// consecutive words: 8-byte words where dst allows, else 4- or 2-byte (a K plane of an odd
-/// number of blocks per row is only 2-byte aligned).
+/// consecutive words: 8-byte words where dst allows, else 4-byte (a K run starts 4-byte aligned
+/// for the layer's head dims: k_tok_bytes is a multiple of 68), else 2-byte (odd blocks per row,
+/// kept for other callers of launch_append).
 /// NOTE: each lane storing its own 34-byte block as 16-bit words sent 17 scattered store
 /// instructions per warp, ~3 useful bytes per 32-byte sector (ncu).
 __device__ __forceinline__ void store_run(const std::uint8_t* stage, std::uint8_t* dst, int bytes,
