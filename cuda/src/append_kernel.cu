@@ -2,8 +2,9 @@
 // reference/src/quantize.cpp (SPEC §3). One thread per 32-value block, quantized in registers
 // (quantize_block.cuh); consecutive threads take consecutive blocks (all K blocks of the rows,
 // then all V blocks), so a warp reads and writes contiguous bytes. A warp whose 32 blocks lie in
-// one aligned buffer reads them with coalesced loads through shared memory
-// (load_block_coalesced); other warps load each block as 16-byte vectors, or element-wise.
+// one aligned buffer (a staged window) copies them into shared memory with coalesced cp.async
+// while it quantizes the previous window, and stores its quantized bytes as one contiguous run;
+// other windows load each block as 16-byte vectors, or element-wise, and store it in place.
 //
 // NOTE: the first version gave each block a warp (lane j value j, shuffle reductions): ~240
 // issue slots per block made it issue-bound at 15% of the streaming rate (bench/NOTES.md).
@@ -118,7 +119,8 @@ __device__ __forceinline__ void cp_async_wait_all() {
 /// Blocks [first, first + 32) of the append, as the kernel's warps walk them (all K blocks of
 /// the rows, then all V blocks). `staged`: the 32 blocks are all K (or all V) blocks of a
 /// 16-byte aligned buffer, so the warp copies them into its stage with coalesced 16-byte loads
-/// (piece k·32 + lane of the window at step k); other windows are loaded lane by lane.
+/// (piece k·32 + lane of the window at step k) and stores them back through it (store_run);
+/// other windows are loaded and stored lane by lane.
 struct Window {
   long long first;
   bool staged;
@@ -140,7 +142,6 @@ __device__ __forceinline__ Window window_at(const AppendArgs& a, long long first
   return w;
 }
 
-/// NOTE: a staged window's blocks are also stored through the stage (store_run).
 /// Starts the copy of a staged window into `stage` (one cp.async group per call, empty for
 /// other windows, so that the group count stays uniform).
 template <DType T>
@@ -209,8 +210,9 @@ __device__ __forceinline__ void store_run(const std::uint8_t* stage, std::uint8_
 
 /// Each warp walks windows of 32 blocks (one block per lane) with a grid stride; the next
 /// window's copy is in flight while the current one is quantized (two stages per warp).
-/// NOTE: without the pipeline (one block per thread, load → quantize → store, ~4 waves) the
-/// 4096-row chunk ran at 28% of the streaming-read ceiling (bench/NOTES.md).
+/// NOTE: the 4096-row chunk ran at 28% of the streaming-read ceiling while each lane stored its
+/// own block (17 scattered 16-bit stores per K block); coalescing the loads and this pipeline
+/// alone changed nothing, staging the stores reached 44% (bench/NOTES.md, session 4).
 template <DType T, AppendMode M>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendArgs a) {
   __shared__ Stage<T> stages_s[kWarps][2];
