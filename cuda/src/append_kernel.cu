@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "append_kernel.hpp"
+#include "cp_async.cuh"
 #include "kvlayer/geometry.hpp"
 #include "kvlayer/status.hpp"
 #include "quantize_block.cuh"
@@ -48,6 +49,31 @@ __device__ inline float widen(unsigned short h) {
   }
 }
 
+/// Bytes of one input block (32 elements of T), and its 16-byte pieces.
+template <DType T>
+inline constexpr int kInBlockBytes = T == DType::f32 ? 128 : 64;
+template <DType T>
+inline constexpr int kPieces = kInBlockBytes<T> / 16;
+
+/// The values of a block held in its 16-byte piece k (f32: 4k..4k+3; f16/bf16: 8k..8k+7,
+/// widened exactly).
+template <DType T>
+__device__ __forceinline__ void unpack_piece(const uint4& v, int k, float (&x)[32]) {
+  if constexpr (T == DType::f32) {
+    x[4 * k] = __uint_as_float(v.x);
+    x[4 * k + 1] = __uint_as_float(v.y);
+    x[4 * k + 2] = __uint_as_float(v.z);
+    x[4 * k + 3] = __uint_as_float(v.w);
+  } else {
+    const unsigned u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      x[8 * k + 2 * j] = widen<T>(static_cast<unsigned short>(u[j] & 0xFFFFu));
+      x[8 * k + 2 * j + 1] = widen<T>(static_cast<unsigned short>(u[j] >> 16));
+    }
+  }
+}
+
 /// The 32 values of the block starting at element `first` of a row buffer, as f32.
 /// `vectors`: the buffer is 16-byte aligned (a block is then 128 or 64 aligned bytes).
 template <DType T>
@@ -71,27 +97,14 @@ __device__ inline void load_block(const void* p, long long first, bool vectors, 
     const unsigned short* h = static_cast<const unsigned short*>(p) + first;
     if (vectors) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 v = reinterpret_cast<const uint4*>(h)[i];
-        const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          x[8 * i + 2 * k] = widen<T>(static_cast<unsigned short>(w[k] & 0xFFFFu));
-          x[8 * i + 2 * k + 1] = widen<T>(static_cast<unsigned short>(w[k] >> 16));
-        }
-      }
+      for (int k = 0; k < kPieces<T>; ++k)
+        unpack_piece<T>(reinterpret_cast<const uint4*>(h)[k], k, x);
     } else {
 #pragma unroll
       for (int j = 0; j < 32; ++j) x[j] = widen<T>(h[j]);
     }
   }
 }
-
-/// Bytes of one input block (32 elements of T), and its 16-byte pieces.
-template <DType T>
-inline constexpr int kInBlockBytes = T == DType::f32 ? 128 : 64;
-template <DType T>
-inline constexpr int kPieces = kInBlockBytes<T> / 16;
 
 /// A warp's stage: its window's 32 input blocks, pieces XOR-swizzled (piece k of block b at
 /// b·P + (k ^ (b mod P))) so that the coalesced fills and the per-lane reads are both free of
@@ -100,21 +113,6 @@ template <DType T>
 struct Stage {
   uint4 piece[32 * kPieces<T>];
 };
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  // .cg: through L2 only; the rows are read once.
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all_but_one() {
-  asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
 
 /// Blocks [first, first + 32) of the append, as the kernel's warps walk them (all K blocks of
 /// the rows, then all V blocks). `staged`: the 32 blocks are all K (or all V) blocks of a
@@ -152,7 +150,7 @@ __device__ __forceinline__ void issue_window(const Window& w, bool valid, int la
 #pragma unroll
     for (int k = 0; k < P; ++k) {
       const int piece = k * 32 + lane, b = piece / P, sub = piece % P;
-      cp_async_16(&stage.piece[b * P + (sub ^ (b % P))], w.src + piece);
+      cp_async<16>(&stage.piece[b * P + (sub ^ (b % P))], w.src + piece);
     }
   }
   cp_async_commit();
@@ -165,25 +163,8 @@ __device__ __forceinline__ void read_stage(const Stage<T>& stage, int lane, floa
   uint4 w[P];
 #pragma unroll
   for (int k = 0; k < P; ++k) w[k] = stage.piece[lane * P + (k ^ (lane % P))];
-  if constexpr (T == DType::f32) {
 #pragma unroll
-    for (int k = 0; k < P; ++k) {
-      x[4 * k] = __uint_as_float(w[k].x);
-      x[4 * k + 1] = __uint_as_float(w[k].y);
-      x[4 * k + 2] = __uint_as_float(w[k].z);
-      x[4 * k + 3] = __uint_as_float(w[k].w);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < P; ++k) {
-      const unsigned u[4] = {w[k].x, w[k].y, w[k].z, w[k].w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        x[8 * k + 2 * j] = widen<T>(static_cast<unsigned short>(u[j] & 0xFFFFu));
-        x[8 * k + 2 * j + 1] = widen<T>(static_cast<unsigned short>(u[j] >> 16));
-      }
-    }
-  }
+  for (int k = 0; k < P; ++k) unpack_piece<T>(w[k], k, x);
 }
 
 /// Stores `bytes` (a multiple of 8) from the stage to dst with the warp's lanes writing
@@ -259,8 +240,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendAr
   for (int slot = 0; first < total; first += stride, slot ^= 1) {
     const Window next = window_at<T>(a, first + stride, k_blocks, total, k_vectors, v_vectors);
     issue_window<T>(next, first + stride < total, lane, stages_s[warp][slot ^ 1]);
-    cp_async_wait_all_but_one();  // this lane's copies of `cur`
-    __syncwarp();                 // … and every lane's
+    cp_async_wait<1>();  // this lane's copies of `cur`
+    __syncwarp();        // … and every lane's
 
     const long long i = first + lane;
     bool bad = false;
@@ -316,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendAr
     __syncwarp();  // every lane has read this stage before the next iteration refills it
     cur = next;
   }
-  cp_async_wait_all();  // only empty groups can remain; keep the exit clean anyway
+  cp_async_wait<0>();  // only empty groups can remain; keep the exit clean anyway
 }
 
 template <DType T>

@@ -1,7 +1,7 @@
 // Device pieces shared by the two split kernels (decode.cu: CUDA cores, decode_mma.cu: tensor
 // cores) and the merge: the view resolution and its device-mode checks, the scratch layout of the
-// partial results, the launch parameters and the cp.async wrappers. Moved here unchanged from
-// decode.cu so that both kernels obey one definition.
+// partial results and the launch parameters. Moved here unchanged from decode.cu so that both
+// kernels obey one definition.
 #pragma once
 
 #include "mutants.cuh"
@@ -12,6 +12,7 @@
 #include <cfloat>
 #include <cstdint>
 
+#include "cp_async.cuh"
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
 #include "device_status.cuh"
@@ -200,28 +201,6 @@ __device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, in
       num = fmaf(o_s[(w * heads + h) * o_stride + col], w_s[w * heads + h], num);
     r.o[i] = num;
   }
-}
-
-// ---- cp.async (sm_80+) ---------------------------------------------------------------------
-
-template <int kBytes>
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  if constexpr (kBytes == 16) {
-    // .cg: stream through L2 only; the cache is read once per decode.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(gmem), "n"(kBytes));
-  }
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
 
 __device__ __forceinline__ float f16_bits(unsigned bits) {
