@@ -159,7 +159,7 @@ TEST_F(Cli, UnknownCommand) {
   const Result r = run({"frobnicate"});
   EXPECT_EQ(r.status, 2);
 #ifdef KVLAYER_CLI_HAS_BENCH
-  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay, bench, soak";
+  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay, bench, soak, probe";
 #else
   const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay";
 #endif
@@ -323,6 +323,12 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"soak", "--chain", "0"},
                      2,
                      "kvlayer soak: --chain '0' must be an integer in [1, 4096]\n"});
+    cases.push_back({{"probe", "--keys", "1000"},
+                     2,
+                     "kvlayer probe: --keys '1000' must be an integer in [1024, 4194304]\n"});
+    cases.push_back({{"probe", "--keys", "1030"},
+                     2,
+                     "kvlayer probe: --keys 1030 must be a multiple of 16\n"});
   }
   expect_errors(cases);
 }

@@ -67,6 +67,7 @@ const Command& replay_command();
 #ifdef KVLAYER_WITH_CUDA
 const Command& bench_command();
 const Command& soak_command();
+const Command& probe_command();
 #endif
 
 }  // namespace kvlayer::cli

@@ -24,6 +24,7 @@ constexpr CommandFactory kCommands[] = {
 #ifdef KVLAYER_WITH_CUDA
     &bench_command,
     &soak_command,
+    &probe_command,
 #endif
 };
 

@@ -133,7 +133,7 @@ int run_soak(const std::vector<std::string>& args) {
   const std::int64_t chain = o.integer("chain", 64, 1, 4096);
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
-    throw Error(ErrorKind::device, "soak: no CUDA device found (run it on the GPU machine)");
+    throw Error(ErrorKind::device, "no CUDA device found (run it on the GPU machine)");
   cuda::detail::Stream stream;
   const auto t0 = std::chrono::steady_clock::now();
   const auto seconds = [&] {
