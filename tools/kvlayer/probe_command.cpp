@@ -26,14 +26,15 @@ using cuda::detail::DeviceBuffer;
 using cuda::detail::Stream;
 
 constexpr std::string_view kUsage =
-    "usage: kvlayer probe [--keys N] [--splits S] [--reps N]\n"
+    "usage: kvlayer probe [--keys N] [--splits S] [--reps N] [--l2-fetch BYTES]\n"
     "  Times the decode's memory access patterns alone (8x128, no arithmetic) against the\n"
     "  streaming-read ceiling: decode_mma_direct's loads, the same with one block per 4 KV\n"
     "  heads, 16-byte windows, whole rows. Each on cudaMalloc planes and on VMM planes mapped\n"
     "  without compression. Medians of CUDA events, L2 kept cold by rotating copies.\n"
     "  --keys N    keys per plane, a multiple of 16 (default: 16384 and 131072)\n"
     "  --splits S  splits per KV head, as the decode plan's n_splits (default 49)\n"
-    "  --reps N    timed repetitions (default 30)\n";
+    "  --reps N    timed repetitions (default 30)\n"
+    "  --l2-fetch BYTES  cudaLimitMaxL2FetchGranularity for the run (0..128; default: as set)\n";
 
 /// Device memory from cuMemCreate + cuMemMap with an explicit compression type, through the
 /// runtime's driver entry points (no link against libcuda).
@@ -117,7 +118,8 @@ struct PlaneCopy {
 };
 
 int run_probe(const std::vector<std::string>& args) {
-  const Options o(args, {"keys", "splits", "reps"}, {});
+  const Options o(args, {"keys", "splits", "reps", "l2-fetch"}, {});
+  const long long l2_fetch = o.integer("l2-fetch", -1, 0, 128);
   const int reps = int(o.integer("reps", 30, 3, 100000));
   const int splits = int(o.integer("splits", 49, 1, 4096));
   std::vector<long long> lengths{16384, 131072};
@@ -131,6 +133,10 @@ int run_probe(const std::vector<std::string>& args) {
     throw Error(ErrorKind::device, "no CUDA device found (run it on the GPU machine)");
   cudaDeviceProp p{};
   KVLAYER_CUDA_TRY(cudaGetDeviceProperties(&p, 0));
+  if (l2_fetch >= 0)
+    KVLAYER_CUDA_TRY(cudaDeviceSetLimit(cudaLimitMaxL2FetchGranularity, std::size_t(l2_fetch)));
+  std::size_t fetch = 0;
+  KVLAYER_CUDA_TRY(cudaDeviceGetLimit(&fetch, cudaLimitMaxL2FetchGranularity));
   Stream stream;
   const cudaStream_t s = stream.get();
   DeviceBuffer sink(std::size_t(1) << 20);
@@ -146,8 +152,10 @@ int run_probe(const std::vector<std::string>& args) {
     });
     ceiling_gbs = double(ceiling_bytes) / us / 1e3;
   }
-  std::printf("kvlayer probe on %s (%d SMs, L2 %d MiB), %d splits per KV head, %d reps, medians\n",
-              p.name, p.multiProcessorCount, p.l2CacheSize >> 20, splits, reps);
+  std::printf(
+      "kvlayer probe on %s (%d SMs, L2 %d MiB, L2 fetch granularity %zu B), %d splits per KV "
+      "head, %d reps, medians\n",
+      p.name, p.multiProcessorCount, p.l2CacheSize >> 20, fetch, splits, reps);
   std::printf("streaming-read ceiling: %.0f GB/s\n\n", ceiling_gbs);
   std::printf("%-24s %-16s %8s %10s %8s %10s\n", "pattern", "memory", "keys", "µs", "GB/s",
               "% ceiling");

@@ -500,18 +500,37 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   merge_warps_into_partial<kWarps, kThreads>(range, G, D, 16, m_s, l_s, w_s, o_s, S::kOStride);
 }
 
+/// The function attributes a launch of decode_split_mma_kernel<D, GM> needs: the dynamic
+/// shared-memory opt-in where its stages exceed 48 KB, nothing otherwise.
+/// NOTE: the launch and the occupancy query (mma_split_resident_blocks) both apply exactly this,
+/// so a query never enables more than a launch would: a query that set the opt-in for a 48 KB
+/// kernel once let a later launch with 48 KB + static shared memory run in the same process
+/// while failing in a fresh one (bench/NOTES.md, session 4).
 template <int D, int GM>
-cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+cudaError_t apply_launch_attributes() {
   constexpr int smem = MmaShape<D>::kSmemBytes;
   if constexpr (smem > 48 * 1024) {
-    // NOTE: not a stream operation (legal while capturing); set per launch so every device
-    // the process uses gets it.
-    const cudaError_t err = cudaFuncSetAttribute(decode_split_mma_kernel<D, GM>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (err != cudaSuccess) return err;
+    // Not a stream operation (legal while capturing); set per launch so every device the
+    // process uses gets it.
+    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
-  decode_split_mma_kernel<D, GM><<<grid, kThreads, smem, stream>>>(sp);
+  return cudaSuccess;
+}
+
+template <int D, int GM>
+cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  if (const cudaError_t err = apply_launch_attributes<D, GM>(); err != cudaSuccess) return err;
+  decode_split_mma_kernel<D, GM><<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
   return cudaGetLastError();
+}
+
+/// Resident blocks per SM of decode_split_mma_kernel<D, GM> as launch() configures it.
+template <int D, int GM>
+cudaError_t resident_blocks(int* blocks) {
+  if (const cudaError_t err = apply_launch_attributes<D, GM>(); err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode_split_mma_kernel<D, GM>,
+                                                       kThreads, MmaShape<D>::kSmemBytes);
 }
 
 template <int D>
@@ -542,22 +561,13 @@ namespace kvlayer::cuda::detail {
 cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
   using namespace decode_impl;
   if (split_mma_direct_serves(head_dim, gqa)) return split_mma_direct_resident_blocks(blocks);
-  const auto query = [&](auto kernel, int smem) {
-    cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    return err != cudaSuccess
-               ? err
-               : cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, smem);
-  };
   switch (head_dim) {
     case 64:
-      return gqa <= 8 ? query(decode_split_mma_kernel<64, 8>, MmaShape<64>::kSmemBytes)
-                      : query(decode_split_mma_kernel<64, 16>, MmaShape<64>::kSmemBytes);
+      return gqa <= 8 ? resident_blocks<64, 8>(blocks) : resident_blocks<64, 16>(blocks);
     case 128:
-      return query(decode_split_mma_kernel<128, 16>, MmaShape<128>::kSmemBytes);
+      return resident_blocks<128, 16>(blocks);
     default:
-      return gqa <= 8 ? query(decode_split_mma_kernel<256, 8>, MmaShape<256>::kSmemBytes)
-                      : query(decode_split_mma_kernel<256, 16>, MmaShape<256>::kSmemBytes);
+      return gqa <= 8 ? resident_blocks<256, 8>(blocks) : resident_blocks<256, 16>(blocks);
   }
 }
 

@@ -436,29 +436,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o_s[warp][2 * t + (e & 1)][v_dim(m, g, e >> 1)] = o[m][e];
   __syncthreads();
-  if (tid < G) {
-    float top = kNegSentinel;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w][tid]);
-    float den = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = m_s[w][tid];
-      const float wt = mw == top ? 1.0f : exp2f((mw - top) * kLog2e);
-      w_s[w][tid] = wt;
-      den = fmaf(l_s[w][tid], wt, den);
-    }
-    range.m[tid] = top;
-    range.l[tid] = den;
-  }
-  __syncthreads();
-  for (int i = tid; i < G * kD; i += kThreads) {
-    const int h = i / kD, col = i % kD;
-    float num = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) num = fmaf(o_s[w][h][col], w_s[w][h], num);
-    range.o[i] = num;
-  }
+  merge_warps_into_partial<kWarps, kThreads>(range, G, kD, kHeads, &m_s[0][0], &l_s[0][0],
+                                             &w_s[0][0], &o_s[0][0][0], kOStride);
 }
 
 }  // namespace
