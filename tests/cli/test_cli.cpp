@@ -317,6 +317,13 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"bench", "--decode-only", "63"},
                      2,
                      "kvlayer bench: --decode-only '63' must be an integer in [64, 16777216]\n"});
+    cases.push_back({{"bench", "--decode-only", "1024", "--shape", "8x100x8"},
+                     2,
+                     "kvlayer bench: --shape '8x100x8' must be KVxDxG with KV in [1, 64], D 64, "
+                     "128 or 256, G in [1, 16]\n"});
+    cases.push_back({{"bench", "--shape", "1x128x16"},
+                     2,
+                     "kvlayer bench: --shape applies to --decode-only only\n"});
     cases.push_back({{"soak", "--cycles", "-1"},
                      2,
                      "kvlayer soak: --cycles '-1' must be an integer in [0, 100000000]\n"});
@@ -326,9 +333,8 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"probe", "--keys", "1000"},
                      2,
                      "kvlayer probe: --keys '1000' must be an integer in [1024, 4194304]\n"});
-    cases.push_back({{"probe", "--keys", "1030"},
-                     2,
-                     "kvlayer probe: --keys 1030 must be a multiple of 16\n"});
+    cases.push_back(
+        {{"probe", "--keys", "1030"}, 2, "kvlayer probe: --keys 1030 must be a multiple of 16\n"});
   }
   expect_errors(cases);
 }

@@ -30,7 +30,7 @@ using cuda::detail::Event;
 using cuda::detail::Stream;
 
 constexpr std::string_view kUsage =
-    "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--decode-only KEYS]\n"
+    "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--decode-only KEYS [--shape S]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window; append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
@@ -42,7 +42,8 @@ constexpr std::string_view kUsage =
     "  --reps N      timed repetitions per measurement (default 50)\n"
     "  --quick       one geometry, fewer lengths (a smoke run)\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
-    "                profiler: few launches; %% ceiling is not reported)\n";
+    "                profiler: few launches; %% ceiling is not reported)\n"
+    "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n";
 
 struct Row {
   std::string name, shape;
@@ -240,9 +241,19 @@ struct Bench {
 };
 
 int run_bench(const std::vector<std::string>& args) {
-  const Options o(args, {"json", "reps", "decode-only"}, {"quick"});
+  const Options o(args, {"json", "reps", "decode-only", "shape"}, {"quick"});
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
+  int shape_kv = 8, shape_d = 128, shape_gqa = 8;
+  if (auto shape = o.get("shape")) {
+    char tail = 0;
+    if (std::sscanf(shape->c_str(), "%dx%dx%d%c", &shape_kv, &shape_d, &shape_gqa, &tail) != 3 ||
+        shape_kv < 1 || shape_kv > 64 || (shape_d != 64 && shape_d != 128 && shape_d != 256) ||
+        shape_gqa < 1 || shape_gqa > 16)
+      throw UsageError("--shape '" + *shape +
+                       "' must be KVxDxG with KV in [1, 64], D 64, 128 or 256, G in [1, 16]");
+    if (decode_only == 0) throw UsageError("--shape applies to --decode-only only");
+  }
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw Error(ErrorKind::device, "no CUDA device found (run it on the GPU machine)");
@@ -254,10 +265,10 @@ int run_bench(const std::vector<std::string>& args) {
   std::printf("kvlayer bench on %s (%d SMs, L2 %zu MiB), %d reps, medians\n", p.name,
               p.multiProcessorCount, b.l2_bytes >> 20, b.reps);
   if (decode_only > 0) {
-    b.decode(8, 128, 8, decode_only, 0);
+    b.decode(shape_kv, shape_d, shape_gqa, decode_only, 0);
     for (const Row& r : b.rows)
-      std::printf("%-16s 8x128 gqa 8 %8lld keys %10.2f us %8.0f GB/s\n", r.name.c_str(),
-                  (long long)r.keys, r.us, r.bytes / r.us / 1e3);
+      std::printf("%-16s %dx%d gqa %d %8lld keys %10.2f us %8.0f GB/s\n", r.name.c_str(), shape_kv,
+                  shape_d, shape_gqa, (long long)r.keys, r.us, r.bytes / r.us / 1e3);
     return kExitOk;
   }
   b.ceiling();

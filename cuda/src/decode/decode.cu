@@ -76,7 +76,7 @@ struct Shape {
 struct MergeParams {
   ViewParams view;
   float* out;
-  int gqa, n_splits, tile_keys, n_kv;
+  int gqa, n_splits, tile_keys, n_kv, head_dim;
   void* scratch;
 };
 
@@ -329,21 +329,36 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   }
 }
 
-/// One block per query head, head_dim threads (one output column each): merges the active
-/// splits' partials in split order. Writes nothing when the view is in error.
-__global__ void decode_merge_kernel(const MergeParams p) {
+/// Merge geometry: a block merges kMergeCols output columns of one query head; its threads
+/// first copy the partials' slices into shared memory (kMergeChunk splits at a time, every load
+/// in flight at once), then one warp sums them, one column per lane, in split order.
+/// NOTE: one block per query head with one thread per column (the previous merge) waited for
+/// ceil(splits / 64) dependent rounds of L2 loads: 396 splits of 1 × 128 gqa 16 took 18.9 µs of
+/// a 44 µs decode at 128K keys (ncu, bench/NOTES.md session 5).
+constexpr int kMergeCols = 32;
+constexpr int kMergeThreads = 256;
+constexpr int kMergeChunk = 256;  ///< splits staged at once: 32 KB of o slices
+static_assert(kMergeCols == 32, "one lane per column in the sum");
+
+/// Grid (n_kv·gqa query heads, head_dim / kMergeCols), kMergeThreads threads: merges the
+/// active splits' partials. Per output element the arithmetic is fixed: M = max of the m_i,
+/// w_i = exp2f((m_i − M)·log2e) (exactly 1 for the max), num and den summed by fmaf in split
+/// order, out = num / den. Writes nothing when the view is in error.
+__global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const MergeParams p) {
+  __shared__ __align__(16) float o_s[kMergeChunk][kMergeCols];
+  __shared__ float l_s[kMergeChunk];
   __shared__ float w_s[kDecodeMaxSplits];
-  __shared__ float red_s[32];
+  __shared__ float red_s[kMergeThreads / 32];
   wait_for_split_grid();  // launched as a programmatic dependent of the split grid
   const View view = resolve_view(p.view);
   if (view.error) return;  // the split kernel recorded it
-  const int D = blockDim.x;
+  const int D = p.head_dim;
   const int h = blockIdx.x, kv = h / p.gqa, g = h % p.gqa;
+  const int col0 = blockIdx.y * kMergeCols;
   const int tid = threadIdx.x;
-  float* out = p.out + (long long)h * D + tid;
   const long long n = view.end - view.begin;
   if (n <= 0) {
-    *out = 0.0f;  // SPEC §8: an empty view gives an all-zero output
+    if (tid < kMergeCols) p.out[(long long)h * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
     return;
   }
   const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys);
@@ -351,48 +366,51 @@ __global__ void decode_merge_kernel(const MergeParams p) {
   const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, p.gqa, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
 
-  // Batches of kBatch partials: all their o and l loads are issued before the sums (still in
-  // split order) use them. The first batch's loads go out before the max pass below: they do not
-  // depend on it, so their latency overlaps its m loads and barriers.
-  // NOTE: ncu, 8×128 gqa 8: one load then one FMA at a time made ~50 dependent L2 round trips
-  // (about 10 µs); batches of 16 behind the max pass took 6.6–7.1 µs (bench/NOTES.md).
-  constexpr int kBatch = 64;
-  float o_b[kBatch], l_b[kBatch];
-  const auto load_batch = [&](int i0) {
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const long long part = (part0 + (i0 + j < active ? i0 + j : i0)) * p.gqa + g;
-      o_b[j] = s.o[part * D + tid];
-      l_b[j] = s.l[part];
+  // Copies splits [i0, i0 + chunk) of this block's columns (16-byte pieces) and their l.
+  const auto stage_chunk = [&](int i0) {
+    const int chunk = min(kMergeChunk, active - i0);
+    constexpr int kPieces = kMergeCols / 4;
+    for (int q = tid; q < chunk * kPieces; q += kMergeThreads) {
+      const int j = q / kPieces, piece = q % kPieces;
+      const long long part = (part0 + i0 + j) * p.gqa + g;
+      cp_async<16>(&o_s[j][4 * piece], s.o + part * D + col0 + 4 * piece);
     }
+    for (int j = tid; j < chunk; j += kMergeThreads)
+      cp_async<4>(&l_s[j], s.l + (part0 + i0 + j) * p.gqa + g);
+    cp_async_commit();
   };
-  load_batch(0);
+  stage_chunk(0);  // independent of the max below: its loads overlap the max pass
 
-  // M = max_i m_i (fmaxf is exact and order-free).
+  // M = max_i m_i (fmaxf is exact and order-free); then the weights.
   float top = kNegSentinel;
-  for (int i = tid; i < active; i += D) top = fmaxf(top, s.m[(part0 + i) * p.gqa + g]);
+  for (int i = tid; i < active; i += kMergeThreads) top = fmaxf(top, s.m[(part0 + i) * p.gqa + g]);
   top = warp_max(top);
   if (tid % 32 == 0) red_s[tid / 32] = top;
   __syncthreads();
   top = kNegSentinel;
-  for (int i = 0; i < D / 32; ++i) top = fmaxf(top, red_s[i]);
-  for (int i = tid; i < active; i += D) {
+  for (int i = 0; i < kMergeThreads / 32; ++i) top = fmaxf(top, red_s[i]);
+  for (int i = tid; i < active; i += kMergeThreads) {
     const float mi = s.m[(part0 + i) * p.gqa + g];
     w_s[i] = mi == top ? 1.0f : exp2f((mi - top) * kLog2e);
   }
-  __syncthreads();
 
   float num = 0.0f, den = 0.0f;
-  for (int i0 = 0; i0 < active; i0 += kBatch) {
-    if (i0 > 0) load_batch(i0);
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j)
-      if (i0 + j < active) {
-        num = fmaf(o_b[j], w_s[i0 + j], num);
-        den = fmaf(l_b[j], w_s[i0 + j], den);
+  for (int i0 = 0; i0 < active; i0 += kMergeChunk) {
+    if (i0 > 0) {
+      __syncthreads();  // the summing warp is done with the previous chunk
+      stage_chunk(i0);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every thread's copies (and, the first time, w_s) are visible
+    if (tid < kMergeCols) {
+      const int chunk = min(kMergeChunk, active - i0);
+      for (int j = 0; j < chunk; ++j) {
+        num = fmaf(o_s[j][tid], w_s[i0 + j], num);
+        den = fmaf(l_s[j], w_s[i0 + j], den);
       }
+    }
   }
-  *out = num / den;
+  if (tid < kMergeCols) p.out[(long long)h * D + col0 + tid] = num / den;
 }
 
 template <int D, int GMAX>
@@ -471,14 +489,16 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   }
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
-  const MergeParams mp{vp,       a.out, plan.gqa, plan.n_splits, plan.tile_keys, plan.n_kv_heads,
-                       a.scratch};
+  const MergeParams mp{
+      vp,       a.out, plan.gqa, plan.n_splits, plan.tile_keys, plan.n_kv_heads, plan.head_dim,
+      a.scratch};
   // Programmatic dependent launch: the merge grid may be scheduled while the split grid drains;
   // it waits for the split grid's completion (wait_for_split_grid) before reading scratch.
   // NOTE: saves the launch gap between the two kernels (bench/NOTES.md); graph-capturable.
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(plan.n_kv_heads * plan.gqa));
-  config.blockDim = dim3(static_cast<unsigned>(plan.head_dim));
+  config.gridDim = dim3(static_cast<unsigned>(plan.n_kv_heads * plan.gqa),
+                        static_cast<unsigned>(plan.head_dim / kMergeCols));
+  config.blockDim = dim3(kMergeThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
