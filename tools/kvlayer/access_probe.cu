@@ -31,6 +31,22 @@ __device__ void publish(unsigned acc, unsigned* sink) {
   if (acc == 0x9E3779B9u) sink[blockIdx.y * gridDim.x + blockIdx.x] = acc;
 }
 
+/// Consumes tiles first, first + step, … below `tiles` with the next tile's loads in flight
+/// while the current one is consumed: decode_mma_direct.cu's two register buffers.
+template <typename Tile, typename Load, typename Consume>
+__device__ __forceinline__ void walk_two_ahead(int first, int tiles, int step, Tile& b0, Tile& b1,
+                                               const Load& load, const Consume& consume) {
+  if (first < tiles) load(b0, first);
+  for (int i = first; i < tiles; i += 2 * step) {
+    if (i + step < tiles) load(b1, i + step);
+    consume(b0);
+    if (i + step < tiles) {
+      if (i + 2 * step < tiles) load(b0, i + 2 * step);
+      consume(b1);
+    }
+  }
+}
+
 __device__ __forceinline__ uint2 ld8(const std::uint8_t* p) {
   return __ldg(reinterpret_cast<const uint2*>(p));
 }
@@ -82,15 +98,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < 4; ++j) acc ^= r.vh[j].x ^ r.vh[j].y ^ r.vq[j].x ^ r.vq[j].y;
   };
   DirectTile b0, b1;
-  if (first < tiles) load(b0, first);
-  for (int i = first; i < tiles; i += 2 * step) {
-    if (i + step < tiles) load(b1, i + step);
-    consume(b0);
-    if (i + step < tiles) {
-      if (i + 2 * step < tiles) load(b0, i + 2 * step);
-      consume(b1);
-    }
-  }
+  walk_two_ahead(first, tiles, step, b0, b1, load, consume);
   publish(acc, sink);
 }
 
@@ -159,15 +167,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < W::kPerLane; ++j) acc ^= r[j].x ^ r[j].y ^ r[j].z ^ r[j].w;
   };
   uint4 b0[W::kPerLane], b1[W::kPerLane];
-  if (first < tiles) load(b0, first);
-  for (int i = first; i < tiles; i += 2 * step) {
-    if (i + step < tiles) load(b1, i + step);
-    consume(b0);
-    if (i + step < tiles) {
-      if (i + 2 * step < tiles) load(b0, i + 2 * step);
-      consume(b1);
-    }
-  }
+  walk_two_ahead(first, tiles, step, b0, b1, load, consume);
   publish(acc, sink);
 }
 
