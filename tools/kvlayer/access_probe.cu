@@ -182,6 +182,39 @@ cudaError_t launch_windows(const ProbePlanes& pl, int splits, unsigned* sink, cu
   return cudaGetLastError();
 }
 
+/// XOR of one KV head's bytes of a 16-key tile in a shared-memory stage, read as
+/// decode_mma_direct.cu reads them from global memory: K rows g, g + 8 (8-byte words t, t+4,
+/// t+8, t+12, and 16 for t = 0), V rows 2t, 2t+1, 2t+8, 2t+9 (header and 8 qs bytes of block
+/// g / 2). k_head / v_head: the head's bytes in the tile's first K / V row; strides in bytes.
+__device__ __forceinline__ unsigned xor_stage_tile(const std::uint8_t* k_head, int k_stride,
+                                                   const std::uint8_t* v_head, int v_stride,
+                                                   int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
+  unsigned acc = 0;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const std::uint8_t* src = k_head + (g + 8 * j) * k_stride + 8 * t;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint2 x = *reinterpret_cast<const uint2*>(src + 32 * w);
+      acc ^= x.x ^ x.y;
+    }
+    if (t == 0) {
+      const uint2 x = *reinterpret_cast<const uint2*>(src + 128);
+      acc ^= x.x ^ x.y;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const std::uint8_t* src = v_head + v_key[j] * v_stride + 24 * (g >> 1);
+    const uint2 h = *reinterpret_cast<const uint2*>(src);
+    const uint2 q = *reinterpret_cast<const uint2*>(src + 8 + 8 * (g & 1));
+    acc ^= h.x ^ h.y ^ q.x ^ q.y;
+  }
+  return acc;
+}
+
 /// Bulk-row pipeline (ProbePattern::bulk_rows_*): shared-memory row strides padded so that the
 /// consumers' 8-byte reads of one head are conflict-free (K 1104 B, V 784 B).
 constexpr int kKStageRow = kKRow + 16, kVStageRow = kVRow + 16;
@@ -230,38 +263,15 @@ __global__ void __launch_bounds__(32 * (kHeads + 1))
       }
     }
   } else {  // consumer: head `warp`
-    const int g = lane >> 2, t = lane & 3;
-    const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
     for (int i = 0; i < tiles; ++i) {
       const int st = i % kStages;
       barrier_wait(&full[st], (i / kStages) & 1);
       const std::uint8_t* stage = smem + st * kStageBytes;
 #pragma unroll
-      for (int sub = 0; sub < kRows / 16; ++sub) {
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const std::uint8_t* src =
-              stage + (16 * sub + g + 8 * j) * kKStageRow + warp * kKHead + 8 * t;
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const uint2 x = *reinterpret_cast<const uint2*>(src + 32 * w);
-            acc ^= x.x ^ x.y;
-          }
-          if (t == 0) {
-            const uint2 x = *reinterpret_cast<const uint2*>(src + 128);
-            acc ^= x.x ^ x.y;
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const std::uint8_t* src = stage + kRows * kKStageRow +
-                                    (16 * sub + v_key[j]) * kVStageRow + warp * kVHead +
-                                    24 * (g >> 1);
-          const uint2 h = *reinterpret_cast<const uint2*>(src);
-          const uint2 q = *reinterpret_cast<const uint2*>(src + 8 + 8 * (g & 1));
-          acc ^= h.x ^ h.y ^ q.x ^ q.y;
-        }
-      }
+      for (int sub = 0; sub < kRows / 16; ++sub)
+        acc ^= xor_stage_tile(stage + 16 * sub * kKStageRow + warp * kKHead, kKStageRow,
+                              stage + kRows * kKStageRow + 16 * sub * kVStageRow + warp * kVHead,
+                              kVStageRow, lane);
       __syncwarp();
       if (lane == 0) barrier_arrive(&empty[st]);
     }
@@ -296,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) std::uint8_t smem[];
   constexpr int kKChunks = kGroupK / 16, kVChunks = kGroupV / 16;
   constexpr int kChunks = kTileRows * (kKChunks + kVChunks);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   long long lo, hi;
   split_keys(pl.keys, 4 * splits, blockIdx.x, lo, hi);
   const int tiles = static_cast<int>((hi - lo) / kTileRows);
@@ -322,33 +332,13 @@ __global__ void __launch_bounds__(kThreads)
   };
   for (int i = 0; i < kStages - 1; ++i) issue(i);
   unsigned acc = 0;
-  const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
   for (int i = 0; i < tiles; ++i) {
     cuda::detail::cp_async_wait<kStages - 2>();
     __syncthreads();
     issue(i + kStages - 1);
     const std::uint8_t* stage = smem + (i % kStages) * kGroupStageBytes;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const std::uint8_t* src = stage + (g + 8 * j) * kGroupKStage + warp * kKHead + 8 * t;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint2 x = *reinterpret_cast<const uint2*>(src + 32 * w);
-        acc ^= x.x ^ x.y;
-      }
-      if (t == 0) {
-        const uint2 x = *reinterpret_cast<const uint2*>(src + 128);
-        acc ^= x.x ^ x.y;
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const std::uint8_t* src = stage + kTileRows * kGroupKStage + v_key[j] * kGroupVStage +
-                                warp * kVHead + 24 * (g >> 1);
-      const uint2 h = *reinterpret_cast<const uint2*>(src);
-      const uint2 q = *reinterpret_cast<const uint2*>(src + 8 + 8 * (g & 1));
-      acc ^= h.x ^ h.y ^ q.x ^ q.y;
-    }
+    acc ^= xor_stage_tile(stage + warp * kKHead, kGroupKStage,
+                          stage + kTileRows * kGroupKStage + warp * kVHead, kGroupVStage, lane);
   }
   cuda::detail::cp_async_wait<0>();
   if (acc == 0x9E3779B9u) sink[blockIdx.y * gridDim.x + blockIdx.x] = acc;
