@@ -581,6 +581,45 @@ TEST(DecodeEdge, CanonicalBadBlockGivesNaNOnlyWhereAttended) {
 
 // ---- Determinism and graph replay -----------------------------------------------------------
 
+// ---- The merge: more active splits than one shared-memory chunk -----------------------------
+
+/// The merge stages at most 256 splits' partials at a time (decode.cu, kMergeChunk); a view
+/// spread over more splits is summed across chunks, in split order, within the same bound.
+TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
+  KVLAYER_REQUIRE_GPU();
+  using cuda::detail::DecodeKernel;
+  constexpr int kKv = 1, kGqa = 2, kD = 128;
+  constexpr std::int64_t kKeys = 20000;
+  const Geometry g = flat_geometry(kKv, kD, kKeys);
+  Rng rng(29);
+  ref::KvLayer full(g);
+  append_rows(full, random_rows(rng, kKeys, g.kv_dim_k()), random_rows(rng, kKeys, g.kv_dim_v()));
+  const std::vector<float> q = random_query(rng, kKv * kGqa, kD, 2.0f);
+  const float scale = ref::default_scale(kD);
+  for (const DecodeKernel kernel : {DecodeKernel::mma, DecodeKernel::cuda_core}) {
+    // Planned for a GPU of 1024 SMs: far more splits than one chunk (mma 313 of 64 keys,
+    // CUDA cores 625 of 32 keys at 20000 keys: 2 and 3 chunks).
+    const auto plan = plan_decode(kKv, kD, kGqa, kKeys, 1024, kernel);
+    ASSERT_GT(plan.n_splits, 256) << "the plan no longer spans chunks";
+    ref::KvLayer layer = full;
+    DecodeBed bed(g, kGqa, plan);
+    bed.upload_planes(layer);
+    bed.upload_query(q);
+    // Descending (rewind only shortens): every split active; just past, at and below 256
+    // active splits for the mma plan (16448, 16384) and for the CUDA-core plan (8224, 8192).
+    for (const std::int64_t n : {20000, 16448, 16384, 8224, 8192, 1000}) {
+      layer.rewind(n);
+      const std::int64_t kps =
+          cuda::detail::decode_keys_per_split(n, plan.n_splits, plan.tile_keys);
+      check_both_modes(bed, layer, q, scale,
+                       std::string(kernel == DecodeKernel::mma ? "mma" : "cuda_core") + " len " +
+                           std::to_string(n) + " active splits " +
+                           std::to_string((n + kps - 1) / kps));
+      if (HasFailure()) return;
+    }
+  }
+}
+
 TEST(DecodeDeterminism, RepeatedAndReplayedLaunchesAreBitIdentical) {
   KVLAYER_REQUIRE_GPU();
   constexpr int kKv = 2, kGqa = 8, kD = 128;
