@@ -15,11 +15,22 @@ numpy's astype(float16)); only the attention of SPEC §8 is float64.
 Determinism: all randomness comes from numpy.random.RandomState, whose streams NumPy guarantees
 never to change (NEP 19), unlike Generator's. Outputs hold no timestamps or versions, so a rerun
 is byte-for-byte identical (tools/regen-golden --check proves it).
+
+Portability: the bytes must not depend on the CPU, the BLAS or the libm that runs this script,
+because CI regenerates them on whatever x86-64 machine it gets. So every float64 result is
+software-defined: no `@`/dot/sum reductions (BLAS and numpy's SIMD loops pick their summation
+order per CPU), only element-wise IEEE operations (the same on every CPU) and exactly rounded
+sums (fsum_sd); no libm or numpy SIMD transcendental (exp, log, pow differ by an ulp between
+glibc's FMA and non-FMA variants and numpy's AVX-512 kernels): exp_sd, log_sd and pow10_sd round
+a 40-digit decimal result, and normal() is RandomState's polar method with log_sd.
+tests/golden/test_regen_portable.py regenerates under emulated CPUs and proves the bytes equal.
 """
 
 import argparse
+import decimal
 import hashlib
 import json
+import math
 import os
 import sys
 from fractions import Fraction
@@ -35,6 +46,102 @@ NAN_HALF = 0x7E00
 ALIGN = 32
 
 np.seterr(all="ignore")  # overflow to inf and 1/subnormal are part of the cases, not accidents
+
+
+# --------------------------------------------------------------------------------------------
+# Software-defined float64 arithmetic (see "Portability" above)
+# --------------------------------------------------------------------------------------------
+
+# 40 digits: far more than a double needs, so the double nearest the decimal result is the
+# correctly rounded one except within 1e-40 (relative) of a midpoint, and either way the same
+# on every machine (decimal is exact integer arithmetic).
+_DEC = decimal.Context(prec=40, rounding=decimal.ROUND_HALF_EVEN, Emin=-999999, Emax=999999)
+
+
+def exp_sd(x):
+    return float(_DEC.exp(decimal.Decimal(float(x))))
+
+
+_LOG_BITS = 192  # fixed-point fraction bits of log_sd: its error is ~2^-190, far below an ulp
+_LN2_FIXED = int(decimal.Context(prec=90).multiply(decimal.Context(prec=90).ln(2), 1 << _LOG_BITS))
+
+
+def log_sd(x):
+    """ln x for a positive finite double, in integer fixed point (decimal's ln is 10x slower):
+    x = m·2^e with m in [1/√2, √2), ln m = 2·atanh((m-1)/(m+1)) by its series; Python's int / int
+    is correctly rounded, so the result is the double nearest the fixed-point value."""
+    m, e = math.frexp(float(x))
+    assert m > 0
+    if m < 0.7071067811865476:
+        m, e = 2.0 * m, e - 1
+    one = 1 << 53
+    mi = int(m * one)  # exact: m has 53 significant bits
+    t = (abs(mi - one) << _LOG_BITS) // (mi + one)  # |t| (the odd series carries the sign)
+    t2 = (t * t) >> _LOG_BITS
+    total, term, k = 0, t, 1
+    while term:
+        total += term // k
+        term = (term * t2) >> _LOG_BITS
+        k += 2
+    if mi < one:
+        total = -total
+    return (2 * total + e * _LN2_FIXED) / (1 << _LOG_BITS)
+
+
+def pow10_sd(x):
+    """10.0 ** x: exact for integral x, else through a 40-digit exp(x·ln 10)."""
+    x = float(x)
+    if x == int(x):
+        return float(Fraction(10) ** int(x))
+    return float(_DEC.exp(_DEC.multiply(decimal.Decimal(x), _DEC.ln(decimal.Decimal(10)))))
+
+
+def fsum_sd(terms):
+    """The exactly rounded sum of float64 terms (IEEE special cases as a plain sum has them)."""
+    terms = np.asarray(terms, dtype=np.float64)
+    if not np.isfinite(terms).all():
+        if np.isnan(terms).any() or (np.isposinf(terms).any() and np.isneginf(terms).any()):
+            return math.nan
+        return math.inf if np.isposinf(terms).any() else -math.inf
+    try:
+        return math.fsum(terms.tolist())
+    except OverflowError:  # the exact sum is beyond float64: IEEE rounding gives +-inf
+        return math.copysign(math.inf, float(Fraction(0) + sum(Fraction(t) for t in terms.tolist())))
+
+
+def row_fsums(m):
+    return np.array([fsum_sd(r) for r in m], dtype=np.float64)
+
+
+def col_fsums(m):
+    return row_fsums(np.asarray(m).T)
+
+
+def normal(rs, loc, scale, size=None):
+    """RandomState.normal(loc, scale, size) drawn the way numpy's legacy generator draws it (the
+    polar method, one cached second value, loc + scale·g per element), with log_sd in place of
+    libm's log, so the values are the same stream on every machine."""
+    st = rs.get_state(legacy=True)
+    has, cached = bool(st[3]), float(st[4])
+    count = 1 if size is None else int(np.prod(size))
+    out = np.empty(count, dtype=np.float64)
+    for i in range(count):
+        if has:
+            g, has, cached = cached, False, 0.0
+        else:
+            while True:
+                x1 = 2.0 * float(rs.random_sample()) - 1.0
+                x2 = 2.0 * float(rs.random_sample()) - 1.0
+                r2 = x1 * x1 + x2 * x2
+                if r2 < 1.0 and r2 != 0.0:
+                    break
+            f = math.sqrt(-2.0 * log_sd(r2) / r2)
+            cached, has = f * x1, True
+            g = f * x2
+        out[i] = float(loc) + float(scale) * g
+    st = rs.get_state(legacy=True)
+    rs.set_state((st[0], st[1], st[2], int(has), cached))
+    return float(out[0]) if size is None else out.reshape(size)
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,8 +323,8 @@ def blocks_uniform(rs):
 
 def blocks_gaussian(rs):
     scales = [1e-4, 1e-3, 1e-2, 1e-1, 1, 1e1, 1e2, 1e3, 1e4]
-    parts = [rs.normal(0, s, (8, 32)) for s in scales]
-    parts.append(rs.normal(3e4, 1e4, (4, 32)).clip(-6e4, 6e4))  # q5_1 min near the fp16 limit
+    parts = [normal(rs, 0, s, (8, 32)) for s in scales]
+    parts.append(normal(rs, 3e4, 1e4, (4, 32)).clip(-6e4, 6e4))  # q5_1 min near the fp16 limit
     return np.concatenate(parts).astype(F32), "gaussian blocks, sigma 1e-4 .. 1e4 (8 blocks each)"
 
 
@@ -247,7 +354,7 @@ def blocks_ties_q8_0(rs):
     blocks = []
     ties = even_ties = div_sensitive = 0
     while len(blocks) < 24:
-        amax = F32(rs.uniform(0.5, 2.0) * 10.0 ** rs.randint(-3, 4))
+        amax = F32(rs.uniform(0.5, 2.0) * pow10_sd(rs.randint(-3, 4)))
         d = F32(amax / F32(127))
         ident = F32(F32(1) / d)
         blk = [amax if rs.randint(2) else -amax]
@@ -305,9 +412,9 @@ def blocks_ties_q5_1(rs):
     exact = rounded_up = fma_sensitive = div_sensitive = 0
     while len(blocks) < 24:
         for _attempt in range(500):
-            width = F32(rs.uniform(0.1, 8) * 10.0 ** rs.randint(-2, 3))
+            width = F32(rs.uniform(0.1, 8) * pow10_sd(rs.randint(-2, 3)))
             if len(blocks) % 2:
-                lo = F32(rs.uniform(-4, 1) * 10.0 ** rs.randint(-2, 3))
+                lo = F32(rs.uniform(-4, 1) * pow10_sd(rs.randint(-2, 3)))
             else:  # min ≈ -d/2: lanes near min + d/2 sit near 0, where x - min is fine-grained
                 lo = F32(-rs.uniform(0.3, 0.7) * width / 31)
             hi = F32(lo + width)
@@ -367,18 +474,18 @@ def blocks_constant(rs):
     rows = [np.zeros(32), np.full(32, 1.0), np.full(32, -3.25), np.full(32, 0.1),
             np.full(32, 65504.0), np.full(32, -65504.0), np.full(32, 1e-3), np.full(32, 123456.0)]
     for _ in range(8):
-        rows.append(np.full(32, rs.normal(0, 10)))
+        rows.append(np.full(32, normal(rs, 0, 10)))
     x = np.array(rows, dtype=F32)
     x = np.concatenate([x, np.zeros((1, 32), F32)])
     return x, "constant blocks (zero, +-, fp16 max, beyond fp16 for q8_0 only) and zero blocks"
 
 
 def blocks_outlier(rs):
-    base = rs.normal(0, 1, (16, 32)).astype(F32)
+    base = normal(rs, 0, 1, (16, 32)).astype(F32)
     for i in range(16):
         lane = rs.randint(32)
-        base[i, lane] = F32(rs.choice([-1, 1]) * 10.0 ** rs.uniform(1, 4))
-    small = rs.normal(0, 1e-3, (8, 32)).astype(F32)
+        base[i, lane] = F32(rs.choice([-1, 1]) * pow10_sd(rs.uniform(1, 4)))
+    small = normal(rs, 0, 1e-3, (8, 32)).astype(F32)
     small[np.arange(8), rs.randint(0, 32, 8)] = F32(1.0)
     return np.concatenate([base, small]), "one-outlier blocks (|outlier| 10..1e4 over N(0,1); 1.0 over N(0,1e-3))"
 
@@ -394,8 +501,8 @@ def blocks_signed_zero(rs):
     r = rs.uniform(0, 1, 32); r[3] = nz; r[9] = pz; rows.append(r)   # min is -0 (first zero)
     r = rs.uniform(0, 1, 32); r[3] = pz; r[9] = nz; rows.append(r)   # min is +0 (first zero)
     r = rs.uniform(-1, 0, 32); r[5] = nz; r[6] = pz; rows.append(r)  # max is a zero
-    r = rs.normal(0, 1, 32); r[::4] = nz; rows.append(r)
-    r = rs.normal(0, 1, 32); r[1::3] = pz; r[2::3] = nz; rows.append(r)
+    r = normal(rs, 0, 1, 32); r[::4] = nz; rows.append(r)
+    r = normal(rs, 0, 1, 32); r[1::3] = pz; r[2::3] = nz; rows.append(r)
     return np.array(rows, dtype=F32), "signed zeros: all +0, all -0, mixed, zero as min or max"
 
 
@@ -443,11 +550,11 @@ def blocks_bad(rs):
     payload_nan = f32_from_bits(0x7FC12345)
     for v, lane in [(qnan, 0), (qnan, 31), (neg_nan, 5), (payload_nan, 17),
                     (F32(np.inf), 0), (F32(-np.inf), 12), (F32(np.inf), 31)]:
-        r = rs.normal(0, 1, 32).astype(F32)
+        r = normal(rs, 0, 1, 32).astype(F32)
         r[lane] = v
         rows.append(r)
-    r = rs.normal(0, 1, 32).astype(F32); r[4] = F32(-np.inf); r[9] = qnan; rows.append(r)  # first non-finite wins
-    r = rs.normal(0, 1, 32).astype(F32); r[2] = F32(3e38); r[20] = qnan; rows.append(r)
+    r = normal(rs, 0, 1, 32).astype(F32); r[4] = F32(-np.inf); r[9] = qnan; rows.append(r)  # first non-finite wins
+    r = normal(rs, 0, 1, 32).astype(F32); r[2] = F32(3e38); r[20] = qnan; rows.append(r)
     r = np.full(32, qnan, dtype=F32); rows.append(r)
     # fp16 overflow of d (q8_0: amax/127 >= 65520 rounds to inf) and its boundary
     for amax in [F32(8321039.0), F32(8321040.0), F32(1e7), F32(3.4e38)]:
@@ -575,12 +682,14 @@ def attend(model, q, gqa, scale):
     for h in range(nq):
         kv = h // gqa
         qh = q[h].astype(np.float64)
-        s = s64 * (k[:, kv, :] @ qh)
-        e = np.exp(s - np.max(s))
-        p = e / e.sum()
-        out[h] = p @ v[:, kv, :]
-        mag[h] = p @ np.abs(v[:, kv, :])
-        smax[h] = np.max(abs(s64) * (np.abs(k[:, kv, :]) @ np.abs(qh)))
+        kh, vh = k[:, kv, :], v[:, kv, :]
+        # A product of two f32 values is exact in float64, so each dot is the exactly rounded sum.
+        s = s64 * row_fsums(kh * qh)
+        e = np.array([exp_sd(x) for x in s - np.max(s)], dtype=np.float64)
+        p = e / fsum_sd(e)
+        out[h] = col_fsums(p[:, None] * vh)
+        mag[h] = col_fsums(p[:, None] * np.abs(vh))
+        smax[h] = np.max(abs(s64) * row_fsums(np.abs(kh) * np.abs(qh)))
     return out, mag, smax
 
 
@@ -651,8 +760,8 @@ def decode_inputs(rs, n, kv_dim, n_kv, hd):
     q5_1 minimum matters), and a few outliers."""
     kscale = rs.uniform(0.5, 2.5, n_kv).repeat(hd)
     voff = rs.uniform(-2, 2, n_kv).repeat(hd)
-    k = rs.normal(0, 1, (n, kv_dim)) * kscale[None, :]
-    v = rs.normal(0, 1, (n, kv_dim)) + voff[None, :]
+    k = normal(rs, 0, 1, (n, kv_dim)) * kscale[None, :]
+    v = normal(rs, 0, 1, (n, kv_dim)) + voff[None, :]
     if n:
         k[rs.randint(0, n, 3), rs.randint(0, kv_dim, 3)] *= 8
         v[rs.randint(0, n, 3), rs.randint(0, kv_dim, 3)] *= 8
@@ -672,7 +781,7 @@ def build_decode_case(spec, seed):
         scale = F32(spec["scale"])
     else:
         scale = F32(F32(1) / np.sqrt(F32(hd)))
-    q = rs.normal(0, 1, (nq, hd)).astype(F32)
+    q = normal(rs, 0, 1, (nq, hd)).astype(F32)
     if dtype == "f16":
         q = q.astype(F16).astype(F32)
     k_all, v_all, ops_out, outs, mags, smaxs = [], [], [], [], [], []
