@@ -2,7 +2,9 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
+#include <string>
 
 #include "kvlayer/error.hpp"
 #include "kvlayer/half.hpp"
@@ -163,16 +165,18 @@ std::optional<std::vector<double>> KvLayer::decode_dcw(std::span<const float> q,
   return attend(q, n_q_heads, scale, begin, len_d_, base_d_);
 }
 
-std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q, int n_q_heads,
-                                     std::optional<float> scale, const DecodeView& view,
-                                     const AccumulationShape& shape) {
+DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q_heads,
+                         std::optional<float> scale, const DecodeView& view,
+                         const AccumulationShape& shape) {
   const Geometry& g = layer.geometry();
   const int gqa = n_q_heads / g.n_kv_heads;
   const double s = scale.value_or(default_scale(g.head_dim_k));
   const double u16 = std::ldexp(1.0, -11), u32 = std::ldexp(1.0, -24);
   const double D = g.head_dim_k;
-  std::vector<double> bound(std::size_t(n_q_heads) * g.head_dim_v, 0.0);
-  if (view.end <= view.begin) return bound;
+  const std::size_t n_out = std::size_t(n_q_heads) * std::size_t(g.head_dim_v);
+  DecodeBound r{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
+                std::vector<double>(n_out, 0.0)};
+  if (view.end <= view.begin) return r;
   for (int kv = 0; kv < g.n_kv_heads; ++kv) {
     const HeadCache c = gather_head(layer, kv, view);
     const MatrixXdR abs_k = c.k.cwiseAbs();
@@ -191,6 +195,7 @@ std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float
     const MatrixXd term_v = abs_v.transpose() * p;
     const MatrixXd term_b = c.v_block_max.transpose() * p;
     const Eigen::VectorXd block_max_sum = c.v_block_max.colwise().sum().transpose();
+    const Eigen::VectorXd column_max = abs_v.colwise().maxCoeff().transpose();
     for (int j = 0; j < gqa; ++j) {
       const Eigen::VectorXd delta =
           magnitude.col(j) * ((D + 4) * u32) +
@@ -202,13 +207,69 @@ std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float
         // when the score perturbation is unbounded (spread = inf): inf · 0 must not be NaN.
         const double perturbation =
             term_v(e, j) > 0 ? (spread + 2 * u16 + u16 * u16) * term_v(e, j) : 0.0;
-        bound[h * g.head_dim_v + e] = std::fabs(o_rounded(e, j) - o_exact(e, j)) + perturbation +
-                                      std::ldexp(1.0, -25) + accumulation * 2 * term_b(e, j) +
-                                      std::ldexp(1.0, -24) * block_max_sum(e) / rounded.l(j);
+        const std::size_t i = h * std::size_t(g.head_dim_v) + std::size_t(e);
+        r.exact_q[i] = std::fabs(o_rounded(e, j) - o_exact(e, j));
+        r.max_abs_v[i] = column_max(e);
+        r.bound[i] = r.exact_q[i] + perturbation + std::ldexp(1.0, -25) +
+                     accumulation * 2 * term_b(e, j) +
+                     std::ldexp(1.0, -24) * block_max_sum(e) / rounded.l(j);
       }
     }
   }
-  return bound;
+  return r;
 }
+
+std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q, int n_q_heads,
+                                     std::optional<float> scale, const DecodeView& view,
+                                     const AccumulationShape& shape) {
+  return decode_bound(layer, q, n_q_heads, scale, view, shape).bound;
+}
+
+void BoundTightness::record(double err, double bound, double exact_q, double max_abs_v) {
+  ++elements_;
+  if (bound >= max_abs_v) ++vacuous_;
+  if (!(bound > exact_q)) return;
+  const double h = std::clamp((err - exact_q) / (bound - exact_q), 0.0, 1.0);
+  headroom_max_ = std::max(headroom_max_, h);
+  ++histogram_[std::size_t(std::min(kBins - 1, int(h * kBins)))];
+  ++headroom_count_;
+}
+
+void BoundTightness::record_all(std::span<const double> want, std::span<const float> got,
+                                const DecodeBound& b) {
+  for (std::size_t i = 0; i < want.size() && i < got.size(); ++i)
+    if (!std::isnan(want[i]))
+      record(std::fabs(double(got[i]) - want[i]), b.bound[i], b.exact_q[i], b.max_abs_v[i]);
+}
+
+void BoundTightness::add(const BoundTightness& o) {
+  elements_ += o.elements_;
+  vacuous_ += o.vacuous_;
+  headroom_count_ += o.headroom_count_;
+  headroom_max_ = std::max(headroom_max_, o.headroom_max_);
+  for (int i = 0; i < kBins; ++i) histogram_[std::size_t(i)] += o.histogram_[std::size_t(i)];
+}
+
+double BoundTightness::headroom_median() const {
+  if (headroom_count_ == 0) return 0;
+  std::int64_t seen = 0;
+  for (int i = 0; i < kBins; ++i) {
+    seen += histogram_[std::size_t(i)];
+    if (2 * seen >= headroom_count_) return (i + 0.5) / kBins;  // the bin's centre
+  }
+  return 1;
+}
+
+std::string BoundTightness::summary() const {
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "bound tightness: %lld elements, vacuous %lld (%.4f%%), residual headroom max "
+                "%.4f median %.4f",
+                static_cast<long long>(elements_), static_cast<long long>(vacuous_),
+                100 * vacuous_fraction(), headroom_max_, headroom_median());
+  return buf;
+}
+
+
 
 }  // namespace kvlayer::ref

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kvlayer/reference/kv_layer.hpp"
@@ -57,11 +58,52 @@ struct DecodeView {
   std::int64_t begin = 0, end = 0, base = 0;
 };
 
-/// Per-element bound [n_q_heads × head_dim_v] on |GPU − reference| for decoding q over `view`
-/// of `layer`, for a GPU with the declared precision above.
+/// The bound of every output element [n_q_heads × head_dim_v], with what its tightness is
+/// measured against.
+struct DecodeBound {
+  std::vector<double> bound;     ///< on |GPU − reference|
+  std::vector<double> exact_q;   ///< e_q = |õ − o|: the fp16(q) term, computed exactly
+  std::vector<double> max_abs_v; ///< max over the view's keys of |V| at the element: a bound
+                                 ///< this large admits any convex combination (vacuous)
+};
+
+/// Per-element bound on |GPU − reference| for decoding q over `view` of `layer`, for a GPU with
+/// the declared precision above.
+DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q_heads,
+                         std::optional<float> scale, const DecodeView& view,
+                         const AccumulationShape& shape);
+
+/// decode_bound(...).bound.
 std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q,
                                      int n_q_heads, std::optional<float> scale,
                                      const DecodeView& view, const AccumulationShape& shape);
+
+/// How tight the bound was over many compared elements (SPEC §10.6: a bound that admits any
+/// convex combination proves nothing). Summed by the harness and the GPU test suites, and
+/// printed as one line by summary().
+class BoundTightness {
+ public:
+  /// One compared element: a finite reference value, the system's error and its bound.
+  void record(double err, double bound, double exact_q, double max_abs_v);
+  /// Every element of one decode (elements whose reference value is NaN are skipped).
+  void record_all(std::span<const double> want, std::span<const float> got, const DecodeBound& b);
+  void add(const BoundTightness& other);
+
+  std::int64_t elements() const { return elements_; }
+  std::int64_t vacuous() const { return vacuous_; }
+  double vacuous_fraction() const { return elements_ ? double(vacuous_) / double(elements_) : 0; }
+  /// Residual headroom (err − e_q)/(bound − e_q), clamped to [0, 1]: largest and median.
+  double headroom_max() const { return headroom_max_; }
+  double headroom_median() const;
+  /// "bound tightness: N elements, vacuous V (P%), residual headroom max X median Y"
+  std::string summary() const;
+
+ private:
+  static constexpr int kBins = 4096;
+  std::int64_t elements_ = 0, vacuous_ = 0, headroom_count_ = 0;
+  double headroom_max_ = 0;
+  std::vector<std::int64_t> histogram_ = std::vector<std::int64_t>(kBins, 0);
+};
 
 /// The default softmax scale, 1/sqrt(head_dim_k) computed in f32 (SPEC §8).
 float default_scale(int head_dim_k);

@@ -11,6 +11,7 @@
 
 #include "kvlayer/harness/commands.hpp"
 #include "kvlayer/harness/system.hpp"
+#include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
 
 namespace kvlayer::harness {
@@ -27,6 +28,7 @@ struct Stats {
   double worst_error_ratio = 0;  ///< largest |system − reference| / bound over all elements
   double worst_error = 0;        ///< the error at that element
   double worst_bound = 0;        ///< and its bound
+  ref::BoundTightness tightness; ///< over every element compared with a bound
   /// Wall-clock seconds spent in commands, and the parts of it in the system's calls (without
   /// its state read-backs), in those read-backs (snapshots) and in the derived decode bounds.
   /// The rest of `in_commands` is the model and the comparisons.
@@ -65,7 +67,7 @@ class Executor {
   struct Expectation {
     std::string name;
     std::optional<std::vector<double>> out;
-    std::vector<double> bound;
+    ref::DecodeBound bound;
     std::optional<std::string> self_check;  ///< reference-only: naive recomputation failed
   };
   std::optional<std::string> compare_state();
