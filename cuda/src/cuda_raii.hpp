@@ -10,6 +10,12 @@
 #include "cuda_check.hpp"
 
 namespace kvlayer::cuda::detail {
+// The fault-injection build compiles these classes with armable checks (cuda_check.hpp): a
+// namespace of their own keeps the linker from merging them with the normal build's inline
+// definitions in a test that uses both.
+#ifdef KVLAYER_FAULT_INJECTION
+inline namespace fault_injection {
+#endif
 
 /// Owns one handle; `Free` releases it. Destructors ignore errors: they cannot throw, and a
 /// failed release after a sticky device error has nothing left to protect.
@@ -49,17 +55,28 @@ class DeviceBuffer {
     if (bytes == 0) return;
     void* p = nullptr;
     KVLAYER_CUDA_TRY(cudaMalloc(&p, bytes));
+#ifdef KVLAYER_FAULT_INJECTION
+    ::kvlayer::cuda::fault::internal::note_alloc(p, bytes);
+#endif
     mem_ = Memory(p);
   }
-  void* get() const { return mem_.get(); }
+  void* get() const {
+    return mem_.get();
+  }
   template <typename T>
   T* as() const {
     return static_cast<T*>(mem_.get());
   }
-  std::size_t bytes() const { return bytes_; }
+  std::size_t bytes() const {
+    return bytes_;
+  }
 
  private:
+#ifdef KVLAYER_FAULT_INJECTION
+  using Memory = UniqueHandle<void*, ::kvlayer::cuda::fault::internal::tracked_free>;
+#else
   using Memory = UniqueHandle<void*, cudaFree>;
+#endif
   Memory mem_;
   std::size_t bytes_ = 0;
 };
@@ -126,4 +143,7 @@ class Graph {
   ExecHandle exec_;
 };
 
+#ifdef KVLAYER_FAULT_INJECTION
+}  // namespace fault_injection
+#endif
 }  // namespace kvlayer::cuda::detail

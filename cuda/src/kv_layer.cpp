@@ -3,6 +3,9 @@
 //
 // NOTE: the refusal messages are the reference's, word for word (SPEC §9: the reference is the
 // specification of messages); the checks run on the host before any device work.
+// NOTE: every CUDA call goes through KVLAYER_CUDA_TRY(_NAMED), so that the fault-injection build
+// (kvlayer_cuda_fault) can fail each one; an operation whose CUDA call fails leaves the layer
+// as documented in kv_layer.hpp ("CUDA failures").
 #include "kvlayer/cuda/kv_layer.hpp"
 
 #include <algorithm>
@@ -17,8 +20,8 @@
 #include "decode/decode.hpp"
 #include "device_status.cuh"
 #include "kvlayer/error.hpp"
-#include "plane_layout.hpp"
 #include "mutants.hpp"
+#include "plane_layout.hpp"
 #include "rebase.hpp"
 #include "ring_plan.hpp"
 
@@ -27,12 +30,12 @@ namespace {
 
 using detail::AppendArgs;
 using detail::AppendMode;
-using detail::check_cuda;
 using detail::DeviceBuffer;
 using detail::DeviceStatus;
 using detail::Placement;
 
 constexpr const char* kCtor = "cuda::KvLayer";
+static_assert(kPlaneTailBytes == detail::kPlaneTailBytes);
 
 /// Refuses every legal geometry the CUDA kernels do not support (SPEC §1), naming the value and
 /// the supported set.
@@ -68,6 +71,16 @@ struct KvLayer::State {
   DeviceBuffer scratch;   ///< decode split scratch
   std::int64_t len = 0, base = 0;
 
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  // NOTE: work still queued may use the buffers, also when the constructor threw after
+  // enqueueing the memsets: wait for it before they are freed (errors are ignored: a destructor
+  // cannot report them). Nothing is queued before the first allocation.
+  ~State() {
+    if (k_plane.get() != nullptr) (void)cudaStreamSynchronize(stream);
+  }
+
   std::int32_t* len_d() const { return counters.as<std::int32_t>(); }
   std::int32_t* base_d() const { return counters.as<std::int32_t>() + 1; }
   DeviceStatus* dstatus() const { return status.as<DeviceStatus>(); }
@@ -102,14 +115,20 @@ struct KvLayer::State {
   // ---- device work ----
 
   void set_counters(std::int64_t new_len, std::int64_t new_base) {
-    check_cuda(detail::launch_set_counters(len_d(), base_d(), new_len, new_base, stream),
-               "launch_set_counters");
+    KVLAYER_CUDA_TRY_NAMED(
+        detail::launch_set_counters(len_d(), base_d(), new_len, new_base, stream),
+        "launch_set_counters");
   }
 
-  /// Moves the kept rows to the front of both planes, then base = base_d = retain.
+  /// Moves the kept rows to the front of both planes, then base = base_d = retain. A CUDA
+  /// failure leaves everything as it was (base_d is restored after a failed move).
   void apply(const Placement& p) {
     if (!p.rebase) return;
     const std::int64_t shift = p.retain - base;  // > 0: a rebase always drops rows
+    // base_d first: a failed move can then be undone by writing base_d back, whereas a move
+    // that ran cannot (it overwrites the dropped rows).
+    const bool update_base_d = !KVLAYER_HOST_MUTANT(base_d_not_updated);
+    if (update_base_d) set_counters(-1, p.retain);
     if (shift > 0 && p.keep > 0) {
       // (planted bug: the move forgets the last kept row)
       const std::int64_t moved = KVLAYER_HOST_MUTANT(rebase_off_by_one) ? p.keep - 1 : p.keep;
@@ -117,10 +136,26 @@ struct KvLayer::State {
                                 moved * g.k_tok_bytes()};
       const detail::PlaneMove v{v_plane.as<std::uint8_t>(), shift * g.v_tok_bytes(),
                                 moved * g.v_tok_bytes()};
-      check_cuda(detail::launch_rebase(k, v, stream), "launch_rebase");
+      try {
+        KVLAYER_CUDA_TRY_NAMED(detail::launch_rebase(k, v, stream), "launch_rebase");
+      } catch (const Error& failure) {
+        if (update_base_d) restore_base_d(failure);
+        throw;
+      }
     }
     base = p.retain;
-    if (!KVLAYER_HOST_MUTANT(base_d_not_updated)) set_counters(-1, base);
+  }
+
+  /// After a failed move: base_d = base again. Should that fail too, the CUDA context is most
+  /// likely broken (a sticky error) and base_d may be stale: the message says so.
+  void restore_base_d(const Error& failure) {
+    try {
+      set_counters(-1, base);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::device, std::string(failure.what()) +
+                                         "; restoring base_d failed too (" + e.what() +
+                                         "): the layer is unusable");
+    }
   }
 
   AppendArgs append_args(const RowsView& r) const {
@@ -160,17 +195,17 @@ struct KvLayer::State {
     }
     a.q = q;
     a.out = out;
-    a.scale = scale.value_or(1.0f / std::sqrt(float(g.head_dim_k)));
+    a.scale = scale.value_or(detail::default_scale_mutant(1.0f / std::sqrt(float(g.head_dim_k))));
     a.scratch = scratch.get();
     a.status = dstatus();
-    check_cuda(detail::launch_decode(a, decode_plan, stream), "launch_decode");
+    KVLAYER_CUDA_TRY_NAMED(detail::launch_decode(a, decode_plan, stream), "launch_decode");
   }
 
   template <typename T>
   void read(T* host, const void* device, std::size_t bytes) const {
-    check_cuda(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpyAsync (device to host)");
-    check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    KVLAYER_CUDA_TRY_NAMED(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream),
+                           "cudaMemcpyAsync (device to host)");
+    KVLAYER_CUDA_TRY_NAMED(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
   }
 };
 
@@ -205,19 +240,10 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream)
   KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
 }
 
-KvLayer::~KvLayer() {
-  // NOTE: work still queued may use the buffers; wait for it before they are freed (errors
-  // are ignored: a destructor cannot report them).
-  if (s_) (void)cudaStreamSynchronize(s_->stream);
-}
+// NOTE: ~State waits for the stream before the buffers are freed.
+KvLayer::~KvLayer() = default;
 KvLayer::KvLayer(KvLayer&&) noexcept = default;
-KvLayer& KvLayer::operator=(KvLayer&& o) noexcept {
-  if (this != &o) {
-    if (s_) (void)cudaStreamSynchronize(s_->stream);
-    s_ = std::move(o.s_);
-  }
-  return *this;
-}
+KvLayer& KvLayer::operator=(KvLayer&& o) noexcept = default;
 
 const Geometry& KvLayer::geometry() const {
   return s_->g;
@@ -247,7 +273,9 @@ void KvLayer::append(const RowsView& rows) {
   a.physical_row0 = p.write_row;
   a.logical_row0 = s.len;
   a.host_len_d_out = s.len_d();  // the kernel sets len_d = len + n (no second launch)
-  check_cuda(detail::launch_append(a, AppendMode::host, s.stream), "launch_append");
+  // NOTE: should this launch fail after a ring rebase, the rebase stays (it cannot be undone):
+  // the layer is then as reserve(rows.n) leaves it (kv_layer.hpp, "CUDA failures").
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_append(a, AppendMode::host, s.stream), "launch_append");
   s.len += rows.n;
 }
 
@@ -288,19 +316,19 @@ void KvLayer::append_dc(const RowsView& one_row) {
   State& s = *s_;
   s.check_one_row(one_row, "append_dc");
   if (s.g.is_ring()) refuse("append_dc", "ring layers use append_dcw");
-  check_cuda(detail::launch_append(s.append_args(one_row), AppendMode::dc, s.stream),
-             "launch_append");
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dc, s.stream),
+                         "launch_append");
 }
 
 void KvLayer::append_dcw(const RowsView& one_row) {
   State& s = *s_;
   s.check_one_row(one_row, "append_dcw");
-  check_cuda(detail::launch_append(s.append_args(one_row), AppendMode::dcw, s.stream),
-             "launch_append");
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dcw, s.stream),
+                         "launch_append");
 }
 
 void KvLayer::inc_seqlen() {
-  check_cuda(detail::launch_inc_seqlen(s_->len_d(), s_->stream), "launch_inc_seqlen");
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_inc_seqlen(s_->len_d(), s_->stream), "launch_inc_seqlen");
 }
 
 void KvLayer::account_steps(std::int64_t k) {
@@ -372,6 +400,20 @@ std::vector<std::uint8_t> KvLayer::v_plane_bytes() const {
   const State& s = *s_;
   std::vector<std::uint8_t> out(std::size_t(s.rows * s.g.v_tok_bytes()));
   s.read(out.data(), s.v_plane.get(), out.size());
+  return out;
+}
+
+std::vector<std::uint8_t> KvLayer::k_plane_tail_bytes() const {
+  const State& s = *s_;
+  std::vector<std::uint8_t> out(kPlaneTailBytes);
+  s.read(out.data(), s.k_plane.as<std::uint8_t>() + s.rows * s.g.k_tok_bytes(), out.size());
+  return out;
+}
+
+std::vector<std::uint8_t> KvLayer::v_plane_tail_bytes() const {
+  const State& s = *s_;
+  std::vector<std::uint8_t> out(kPlaneTailBytes);
+  s.read(out.data(), s.v_plane.as<std::uint8_t>() + s.rows * s.g.v_tok_bytes(), out.size());
   return out;
 }
 

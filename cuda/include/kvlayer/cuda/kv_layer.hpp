@@ -11,6 +11,17 @@
 //    After k replayed steps the host calls account_steps(k).
 // Every refusal is checked on the host before any device work and leaves the state untouched;
 // the messages are the reference's.
+//
+// CUDA failures: a failing CUDA call throws kvlayer::Error (kind device) whose message is
+// "<call>: <CUDA error string>", e.g. "launch_append: too many resources requested for launch"
+// or "cudaMalloc(&p, bytes): out of memory". A constructor that throws has released every
+// buffer it allocated. An operation whose CUDA call fails (the call itself having had no
+// effect, as a failed launch, copy or allocation has none) leaves the layer exactly as it was
+// (planes, tails, len, len_d, base, base_d, status), with one exception: when append's
+// kernel launch fails after a ring rebase, the rebase stays (it overwrote the dropped rows) and
+// nothing is written, i.e. the layer is as reserve(rows.n) leaves it. A sticky error (the
+// context is corrupt, e.g. after an illegal address) fails every later call: such a layer can
+// only be destroyed. tests/cuda/layer/test_failures.cpp injects each failure.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -51,6 +62,9 @@ struct DecodePlanInfo {
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 /// Largest supported n_q_heads / n_kv_heads.
 inline constexpr int kMaxGqa = 16;
+/// Bytes allocated past the last row of each plane, zeroed at construction and never written
+/// (kernels may issue 16-byte loads running past a row's end; SPEC §1).
+inline constexpr std::size_t kPlaneTailBytes = 256;
 
 /// The GPU layer. Move-only; every device buffer is allocated once at construction, on the
 /// device current at that time, and released by the destructor.
@@ -78,7 +92,8 @@ class KvLayer {
 
   /// Quantizes and appends rows (SPEC §5, §6), rebasing a ring first when needed; then
   /// len += n and len_d = len. Refused if the pointers are null or misaligned, the dtype is
-  /// unknown, n < 1, len + n > max_ctx, or a ring cannot make room.
+  /// unknown, n < 1, len + n > max_ctx, or a ring cannot make room. When the append kernel's
+  /// launch fails after a rebase, the layer is left as reserve(rows.n) leaves it.
   void append(const RowsView& rows);
   /// len = len_d = new_len; bytes untouched. Refused if new_len is outside [0, len] or, on a
   /// ring, can_rewind_to(new_len) is false.
@@ -136,6 +151,11 @@ class KvLayer {
   std::vector<std::uint8_t> k_plane_bytes() const;
   /// The whole V plane, rows() × v_tok_bytes bytes. Synchronizes.
   std::vector<std::uint8_t> v_plane_bytes() const;
+  /// The kPlaneTailBytes bytes past the K plane's last row (zero unless a kernel wrote past the
+  /// plane). Synchronizes.
+  std::vector<std::uint8_t> k_plane_tail_bytes() const;
+  /// The kPlaneTailBytes bytes past the V plane's last row. Synchronizes.
+  std::vector<std::uint8_t> v_plane_tail_bytes() const;
   /// The device counters as the device sees them now. Synchronizes.
   std::int64_t read_len_d() const;
   std::int64_t read_base_d() const;
