@@ -341,6 +341,6 @@ cudaError_t launch_append(const AppendArgs& a, AppendMode mode, cudaStream_t str
   return cudaErrorInvalidValue;
 }
 
-KVLAYER_DEFINE_MUTANT_SETTER(set_append_mutant)
+KVLAYER_DEFINE_MUTANT_UNIT(append)
 
 }  // namespace kvlayer::cuda::detail

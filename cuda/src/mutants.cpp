@@ -1,26 +1,40 @@
 #include "mutants.hpp"
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "cuda_check.hpp"
 #include "kvlayer/error.hpp"
+#include "kvlayer/half.hpp"
 
 namespace kvlayer::cuda::detail {
 
 const char* mutant_name(Mutant m) {
   switch (m) {
     case Mutant::none: return "none";
-    case Mutant::fast_math_quantization: return "fast_math_quantization";
-    case Mutant::q5_1_fma: return "q5_1_fma";
-    case Mutant::qh_bit_order: return "qh_bit_order";
-    case Mutant::rebase_off_by_one: return "rebase_off_by_one";
-    case Mutant::rewind_forgets_len_d: return "rewind_forgets_len_d";
-    case Mutant::base_d_not_updated: return "base_d_not_updated";
-    case Mutant::decode_window_off_by_one: return "decode_window_off_by_one";
-    case Mutant::split_drops_last_key: return "split_drops_last_key";
+#define KVLAYER_MUTANT_SITE(name)
+#define KVLAYER_MUTANT(name, expect, sites, description) \
+  case Mutant::name: return #name;
+#include "mutants.def"
+#undef KVLAYER_MUTANT
+#undef KVLAYER_MUTANT_SITE
     case Mutant::count: break;
+  }
+  return "?";
+}
+
+const char* mutant_site_name(MutantSite s) {
+  switch (s) {
+#define KVLAYER_MUTANT_SITE(name) \
+  case MutantSite::name: return #name;
+#define KVLAYER_MUTANT(name, expect, sites, description)
+#include "mutants.def"
+#undef KVLAYER_MUTANT
+#undef KVLAYER_MUTANT_SITE
+    case MutantSite::count: break;
   }
   return "?";
 }
@@ -44,14 +58,65 @@ Mutant active_mutant() {
 #endif
 }
 
+#ifdef KVLAYER_MUTANTS
+namespace {
+
+std::atomic<unsigned> host_reach{0};
+
+/// Prints the reach line when destroyed at process exit.
+/// NOTE: constructed after the CUDA runtime's first calls (in arm_device_mutants), so it is
+/// destroyed before the runtime tears down, while the device masks can still be read.
+struct ReachReport {
+  ~ReachReport() {
+    unsigned sites = host_reach.load();
+    std::string failed;
+    // Work still queued may set bits; errors are reported, not thrown (exit time).
+    if (const cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess)
+      failed = std::string("cudaDeviceSynchronize: ") + cudaGetErrorString(err);
+#define KVLAYER_READ_MUTANT_UNIT(unit)                                         \
+  if (unsigned s = 0; failed.empty()) {                                        \
+    if (const cudaError_t err = unit##_mutant_reach(&s); err == cudaSuccess)   \
+      sites |= s;                                                              \
+    else                                                                       \
+      failed = std::string(#unit "_mutant_reach: ") + cudaGetErrorString(err); \
+  }
+    KVLAYER_MUTANT_UNITS(KVLAYER_READ_MUTANT_UNIT)
+#undef KVLAYER_READ_MUTANT_UNIT
+    std::string line;
+    for (int i = 0; i < int(MutantSite::count); ++i)
+      if ((sites >> i) & 1u)
+        line += (line.empty() ? "" : ", ") + std::string(mutant_site_name(MutantSite(i)));
+    if (line.empty()) line = "nothing";
+    if (!failed.empty()) line += " (device masks unread: " + failed + ")";
+    std::fprintf(stderr, "mutant %s reached: %s\n", mutant_name(active_mutant()), line.c_str());
+  }
+};
+
+}  // namespace
+
+bool host_mutant(Mutant m) {
+  if (active_mutant() != m) return false;
+  host_reach.fetch_or(1u << static_cast<int>(MutantSite::host));
+  return true;
+}
+
+float default_scale_mutant(float s) {
+  if (active_mutant() != Mutant::default_scale_f16) return s;
+  const float h = f16_bits_to_f32(f32_to_f16_bits(s));  // planted bug
+  if (h != s) host_reach.fetch_or(1u << static_cast<int>(MutantSite::host));
+  return h;
+}
+#endif
+
 void arm_device_mutants() {
 #ifdef KVLAYER_MUTANTS
   static std::once_flag once;
   std::call_once(once, [] {
     const int m = static_cast<int>(active_mutant());
-    KVLAYER_CUDA_TRY(set_append_mutant(m));
-    KVLAYER_CUDA_TRY(set_decode_mutant(m));
-    KVLAYER_CUDA_TRY(set_decode_mma_mutant(m));
+#define KVLAYER_ARM_MUTANT_UNIT(unit) KVLAYER_CUDA_TRY(unit##_arm_mutant(m));
+    KVLAYER_MUTANT_UNITS(KVLAYER_ARM_MUTANT_UNIT)
+#undef KVLAYER_ARM_MUTANT_UNIT
+    if (m != 0) static ReachReport report;
   });
 #endif
 }

@@ -36,11 +36,19 @@ KVLAYER_QUANTIZE_FN unsigned bits(float x) {
   return __float_as_uint(x);
 }
 KVLAYER_QUANTIZE_FN float div_rn(float a, float b) {
-  if (KVLAYER_DEVICE_MUTANT(fast_math_quantization)) return __fdividef(a, b);  // planted bug
+  if (KVLAYER_DEVICE_MUTANT(fast_math_quantization)) {  // planted bug
+    const float fast = __fdividef(a, b);
+    if (fast != __fdiv_rn(a, b)) KVLAYER_MUTANT_REACHED(MutantSite::append);
+    return fast;
+  }
   return __fdiv_rn(a, b);
 }
 KVLAYER_QUANTIZE_FN float rcp_rn(float a) {
-  if (KVLAYER_DEVICE_MUTANT(fast_math_quantization)) return __fdividef(1.0f, a);  // planted bug
+  if (KVLAYER_DEVICE_MUTANT(fast_math_quantization)) {  // planted bug
+    const float fast = __fdividef(1.0f, a);
+    if (fast != __frcp_rn(a)) KVLAYER_MUTANT_REACHED(MutantSite::append);
+    return fast;
+  }
   return __frcp_rn(a);
 }
 KVLAYER_QUANTIZE_FN float sub_rn(float a, float b) {
@@ -80,8 +88,10 @@ KVLAYER_QUANTIZE_FN unsigned bit_reverse(unsigned x) {
 }
 }  // namespace ops
 #define KVLAYER_QUANTIZE_MUTANT(name) KVLAYER_DEVICE_MUTANT(name)
+#define KVLAYER_QUANTIZE_REACHED() KVLAYER_MUTANT_REACHED(MutantSite::append)
 #else
 #define KVLAYER_QUANTIZE_MUTANT(name) false
+#define KVLAYER_QUANTIZE_REACHED() ((void)0)
 #endif
 
 namespace qb {
@@ -198,12 +208,20 @@ KVLAYER_QUANTIZE_FN bool quantize_q5_1_block(const float (&x)[32], std::uint8_t*
       for (int j = 0; j < 32; ++j) {
         const float scaled = ops::mul_rn(ops::sub_rn(x[j], lo), id);  // one f32 multiply ...
         float shifted = ops::add_rn(scaled, 0.5f);                    // ... then one add
-        if (KVLAYER_QUANTIZE_MUTANT(q5_1_fma))
-          shifted = ops::fma_rn(ops::sub_rn(x[j], lo), id, 0.5f);  // planted bug
-        q[j] = static_cast<unsigned>(shifted);                     // truncation; 0 ≤ q ≤ 31
+        // planted bug
+        if (KVLAYER_QUANTIZE_MUTANT(q5_1_fma)) {
+          const float fused = ops::fma_rn(ops::sub_rn(x[j], lo), id, 0.5f);
+          if (static_cast<unsigned>(fused) != static_cast<unsigned>(shifted))
+            KVLAYER_QUANTIZE_REACHED();
+          shifted = fused;
+        }
+        q[j] = static_cast<unsigned>(shifted);  // truncation; 0 ≤ q ≤ 31
         qh |= ((q[j] >> 4) & 1u) << j;
       }
-      if (KVLAYER_QUANTIZE_MUTANT(qh_bit_order)) qh = ops::bit_reverse(qh);  // planted bug
+      if (KVLAYER_QUANTIZE_MUTANT(qh_bit_order)) {  // planted bug
+        if (ops::bit_reverse(qh) != qh) KVLAYER_QUANTIZE_REACHED();
+        qh = ops::bit_reverse(qh);
+      }
       w0 = dh | (static_cast<unsigned long long>(mh) << 16) |
            (static_cast<unsigned long long>(qh) << 32);
       unsigned qs[4];

@@ -121,15 +121,15 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   const int tid = threadIdx.x;
   const int G = p.gqa;
 
-  const SplitRange range = begin_split(p, D, T);
+  const SplitRange range = begin_split(p, D, T, MutantSite::decode_cuda_core);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const long long lo = range.lo, hi = range.hi;
 
   // q of this KV head's query heads, rounded to fp16 once, laid out [g][block][36].
   for (int i = tid; i < G * D; i += kThreads) {
     const int g = i / D, e = i % D;
-    q_s[(g * NB + e / 32) * S::kQStride + e % 32] =
-        round_to_f16(p.q[((long long)kv * G + g) * D + e]);
+    q_s[(g * NB + e / 32) * S::kQStride + e % 32] = round_to_f16(
+        q_operand(p.q[((long long)kv * G + g) * D + e], p.scale, MutantSite::decode_cuda_core));
   }
 
   const std::uint8_t* k_head = p.k_plane + (long long)kv * S::kKBytes;
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
       if (b == 0 && t < valid) {
 #pragma unroll
         for (int g = 0; g < GMAX; ++g)
-          if (g < G) s_s[g][t] = __fmul_rn(dot[g], p.scale);
+          if (g < G) s_s[g][t] = score_scaled(dot[g], p.scale);
       }
     }
     __syncthreads();
@@ -282,7 +282,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 #pragma unroll
         for (int k = 0; k < GPT; ++k) {
           const int g = hg + S::kHeadGroups * k;
-          if (g < G) acc[c][k] *= alpha_s[g];
+          if (g < G)
+            acc[c][k] = pv_accumulator(acc[c][k] * alpha_s[g], MutantSite::decode_cuda_core);
         }
       const std::uint8_t* vt = v_tile[stage];
 #pragma unroll 1
@@ -302,7 +303,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 #pragma unroll
           for (int k = 0; k < GPT; ++k) {
             const int g = hg + S::kHeadGroups * k;
-            if (g < G) acc[c][k] = fmaf(p_s[t][g], v, acc[c][k]);
+            if (g < G)
+              acc[c][k] =
+                  pv_accumulator(fmaf(p_s[t][g], v, acc[c][k]), MutantSite::decode_cuda_core);
           }
         }
       }
@@ -350,7 +353,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   __shared__ float w_s[kDecodeMaxSplits];
   __shared__ float red_s[kMergeThreads / 32];
   wait_for_split_grid();  // launched as a programmatic dependent of the split grid
-  const View view = resolve_view(p.view);
+  const View view = resolve_view(p.view, MutantSite::decode_merge);
   if (view.error) return;  // the split kernel recorded it
   const int D = p.head_dim;
   const int h = blockIdx.x, kv = h / p.gqa, g = h % p.gqa;
@@ -406,6 +409,10 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
       const int chunk = min(kMergeChunk, active - i0);
       for (int j = 0; j < chunk; ++j) {
         num = fmaf(o_s[j][tid], w_s[i0 + j], num);
+        if (KVLAYER_DEVICE_MUTANT(merge_drops_split_weight) && i0 + j == 0 && active > 1) {
+          if (l_s[j] * w_s[i0 + j] != 0.0f) KVLAYER_MUTANT_REACHED(MutantSite::decode_merge);
+          continue;  // planted bug: split 0's weight is missing from the denominator
+        }
         den = fmaf(l_s[j], w_s[i0 + j], den);
       }
     }
@@ -508,6 +515,6 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   return cudaLaunchKernelEx(&config, decode_merge_kernel, mp);
 }
 
-KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mutant)
+KVLAYER_DEFINE_MUTANT_UNIT(decode)
 
 }  // namespace kvlayer::cuda::detail

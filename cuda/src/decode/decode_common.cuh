@@ -43,7 +43,8 @@ struct View {
 /// (limit max_ctx), then outside the resident rows (limit rows), then longer than the grid
 /// (limit max_view_keys). Host-mode views were checked on the host before the launch.
 /// NOTE: a negative len_d or base_d (impossible through the layer API) is treated as outside.
-__device__ inline View resolve_view(const ViewParams& p) {
+/// `site` names the calling kernel for the planted mutants' reach report.
+__device__ inline View resolve_view(const ViewParams& p, MutantSite site) {
   View v{};
   long long base = p.host_base;
   v.len = p.host_len;
@@ -54,8 +55,10 @@ __device__ inline View resolve_view(const ViewParams& p) {
   v.base = base;
   v.end = v.len;
   v.begin = p.window > 0 ? (v.len - p.window > 0 ? v.len - p.window : 0) : 0;
-  if (KVLAYER_DEVICE_MUTANT(decode_window_off_by_one) && p.window > 0 && v.begin < v.len)
+  if (KVLAYER_DEVICE_MUTANT(decode_window_off_by_one) && p.window > 0 && v.begin < v.len) {
     ++v.begin;  // planted bug: one key too few
+    KVLAYER_MUTANT_REACHED(site);
+  }
   if (p.len_d != nullptr) {
     if (v.len < 0 || v.len > p.max_ctx) {
       v.error = true;
@@ -68,13 +71,21 @@ __device__ inline View resolve_view(const ViewParams& p) {
       v.limit = p.max_view;
     }
   }
+  if (KVLAYER_DEVICE_MUTANT(decode_reads_past_view) && !v.error && v.end - base < p.rows) {
+    ++v.end;  // planted bug: one (stale) row past the view, never past the plane
+    KVLAYER_MUTANT_REACHED(site);
+  }
   return v;
 }
 
 /// End of the keys [lo, ·) a split attends: lo + kps, clipped to the view.
-__device__ inline long long split_end(long long lo, long long kps, long long view_end) {
+__device__ inline long long split_end(long long lo, long long kps, long long view_end,
+                                      MutantSite site) {
   const long long hi = lo + kps < view_end ? lo + kps : view_end;
-  if (KVLAYER_DEVICE_MUTANT(split_drops_last_key) && hi > lo) return hi - 1;  // planted bug
+  if (KVLAYER_DEVICE_MUTANT(split_drops_last_key) && hi > lo) {
+    KVLAYER_MUTANT_REACHED(site);
+    return hi - 1;  // planted bug
+  }
   return hi;
 }
 
@@ -132,12 +143,13 @@ struct SplitRange {
 /// checks the view (recording a device error once), and for a split past the view's end writes
 /// the empty partial (m = sentinel, l = 0, o = 0) so that scratch is always whole; and it lets
 /// the merge grid launch early (allow_merge_launch). tile_keys is the kernel's partition
-/// granule (decode_keys_per_split).
-__device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys) {
+/// granule (decode_keys_per_split); site names the kernel (mutant reach).
+__device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys,
+                                         MutantSite site) {
   allow_merge_launch();
   SplitRange r{};
   const int split = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x, G = p.gqa;
-  const View view = resolve_view(p.view);
+  const View view = resolve_view(p.view, site);
   if (view.error) {
     if (split == 0 && kv == 0 && tid == 0)
       record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
@@ -152,7 +164,7 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   r.l = scratch.l + part * G;
   const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys);
   r.lo = view.begin + split * kps;
-  r.hi = split_end(r.lo, kps, view.end);
+  r.hi = split_end(r.lo, kps, view.end, site);
   r.base = view.base;
   if (r.lo >= r.hi) {
     for (int i = tid; i < G * head_dim; i += blockDim.x) r.o[i] = 0.0f;
@@ -201,6 +213,56 @@ __device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, in
       num = fmaf(o_s[(w * heads + h) * o_stride + col], w_s[w * heads + h], num);
     r.o[i] = num;
   }
+}
+
+// ---- Planted mutants of the split kernels (identities in normal builds) ------------------------
+
+/// A P·V accumulator after an update or rescale: itself; under pv_accumulated_in_f16 it is kept
+/// in fp16 (rounded, so wide values overflow to inf).
+__device__ __forceinline__ float pv_accumulator(float x, MutantSite site) {
+  if (KVLAYER_DEVICE_MUTANT(pv_accumulated_in_f16)) {
+    const float r = __half2float(__float2half_rn(x));  // planted bug
+    if (r != x) KVLAYER_MUTANT_REACHED(site);
+    return r;
+  }
+  return x;
+}
+
+/// pv_accumulator for the registers one mma just updated.
+template <int N>
+__device__ __forceinline__ void pv_accumulators(float (&c)[N], MutantSite site) {
+  if (KVLAYER_DEVICE_MUTANT(pv_accumulated_in_f16)) {
+#pragma unroll
+    for (int e = 0; e < N; ++e) c[e] = pv_accumulator(c[e], site);
+  }
+}
+
+/// The f32 q value a kernel rounds to its fp16 operand: q; under scale_folded_into_f16_q,
+/// q·fp16(scale), and the dot is then left unscaled (score_scaled).
+__device__ __forceinline__ float q_operand(float q, float scale, MutantSite site) {
+  if (KVLAYER_DEVICE_MUTANT(scale_folded_into_f16_q)) {
+    const float folded = __fmul_rn(q, __half2float(__float2half_rn(scale)));  // planted bug
+    const float normal = __fmul_rn(__half2float(__float2half_rn(q)), scale);
+    if (__half2float(__float2half_rn(folded)) != normal) KVLAYER_MUTANT_REACHED(site);
+    return folded;
+  }
+  return q;
+}
+
+/// score = dot × scale in f32 (__fmul_rn), or the dot alone under scale_folded_into_f16_q.
+__device__ __forceinline__ float score_scaled(float dot, float scale) {
+  if (KVLAYER_DEVICE_MUTANT(scale_folded_into_f16_q)) return dot;  // planted bug
+  return __fmul_rn(dot, scale);
+}
+
+/// Whether a tensor-core tile whose vote found a V block beyond fp16 takes the f32 path: yes;
+/// under wide_values_on_tensor_cores, no.
+__device__ __forceinline__ bool wide_tile_on_cuda_cores(bool any_wide, MutantSite site) {
+  if (KVLAYER_DEVICE_MUTANT(wide_values_on_tensor_cores) && any_wide) {
+    KVLAYER_MUTANT_REACHED(site);
+    return false;  // planted bug
+  }
+  return any_wide;
 }
 
 __device__ __forceinline__ float f16_bits(unsigned bits) {

@@ -175,7 +175,8 @@ __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float 
           const float v = __fadd_rn(__fmul_rn(d, float(q)), m);
 #pragma unroll
           for (int r = 0; r < R; ++r)
-            o[4 * b + jj][2 * r + e] = fmaf(pk[r], v, o[4 * b + jj][2 * r + e]);
+            o[4 * b + jj][2 * r + e] =
+                pv_accumulator(fmaf(pk[r], v, o[4 * b + jj][2 * r + e]), MutantSite::decode_mma);
         }
       // NOTE: keeps the next block's loads from being hoisted here: on this rare path,
       // registers matter more than latency (the hot loop around it must not spill).
@@ -237,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
   const int G = p.gqa;
 
-  const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys);
+  const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, MutantSite::decode_mma);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const long long lo = range.lo, hi = range.hi;
 
@@ -259,7 +260,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int quant = k_slot_quant(b & 1, ks, t, h, e);
-            if (row < G) x[e] = q_kv[row * D + 32 * b + quant];
+            if (row < G)
+              x[e] = q_operand(q_kv[row * D + 32 * b + quant], p.scale, MutantSite::decode_mma);
           }
           qa[b][ks][r] = pack_f16x2(x[0], x[1]);
         }
@@ -373,7 +375,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
         }
       }
 #pragma unroll
-      for (int e = 0; e < kC; ++e) s[nt][e] = __fmul_rn(s[nt][e], p.scale);
+      for (int e = 0; e < kC; ++e) s[nt][e] = score_scaled(s[nt][e], p.scale);
     }
 
     // ---- Online softmax of the tile, per row. p[nt][c] in the C layout. ----
@@ -409,7 +411,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < kC; ++e) o[j][e] *= alpha[e >> 1];
+        for (int e = 0; e < kC; ++e)
+          o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma);
     }
 
     // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
@@ -432,7 +435,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       wide = wide || v_block_exceeds_f16(*reinterpret_cast<const unsigned*>(
                          vs_base + (i % 16) * S::kVStride + 24 * (i / 16)));
     }
-    if (__any_sync(kFullMask, wide)) {
+    if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
       pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane);
     } else {
 // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
@@ -464,6 +467,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
             mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
           else
             mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
+          pv_accumulators(o[4 * b + jj], MutantSite::decode_mma);
         }
       }
     }
@@ -571,5 +575,5 @@ cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
   }
 }
 
-KVLAYER_DEFINE_MUTANT_SETTER(set_decode_mma_mutant)
+KVLAYER_DEFINE_MUTANT_UNIT(decode_mma)
 }  // namespace kvlayer::cuda::detail

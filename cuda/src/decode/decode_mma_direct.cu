@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
   __shared__ __align__(16) float o_s[kWarps][kHeads][kOStride];
 
-  const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys);
+  const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
   const int kv = blockIdx.y;
@@ -188,8 +188,9 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int quant = k_pair_quant(b, ks, j, t);
-          const float x0 = g < G ? q_head[32 * b + quant] : 0.0f;
-          const float x1 = g < G ? q_head[32 * b + quant + 1] : 0.0f;
+          constexpr MutantSite kSite = MutantSite::decode_mma_direct;
+          const float x0 = g < G ? q_operand(q_head[32 * b + quant], p.scale, kSite) : 0.0f;
+          const float x1 = g < G ? q_operand(q_head[32 * b + quant + 1], p.scale, kSite) : 0.0f;
           qb[b][ks][j] = pack_f16x2(x0, x1);
         }
   }
@@ -301,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
       }
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[e] = __fmul_rn(s[e], p.scale);
+    for (int e = 0; e < 4; ++e) s[e] = score_scaled(s[e], p.scale);
 
     // ---- Online softmax per head over the tile's valid keys. ----
     const bool valid0 = g < valid, valid1 = g + 8 < valid;
@@ -326,14 +327,15 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 #pragma unroll
       for (int m = 0; m < 8; ++m)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) o[m][e] *= alpha[e & 1];
+        for (int e = 0; e < 4; ++e)
+          o[m][e] = pv_accumulator(o[m][e] * alpha[e & 1], MutantSite::decode_mma_direct);
     }
 
     // ---- PV. A tile with a V block that may leave fp16's range takes the f32 path. ----
     bool wide = false;
 #pragma unroll
     for (int j = 0; j < 4; ++j) wide = wide || v_header_maybe_wide(r.vh[j].x);
-    if (__any_sync(kFullMask, wide)) {
+    if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma_direct)) {
       // CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (rare path).
 #pragma unroll 1
       for (int k = 0; k < kWK; ++k) {
@@ -353,10 +355,11 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
           const unsigned q_hi = (byte >> 4) | (((qh >> (16 + m)) & 1u) << 4);
           const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
           const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
-          o[m][0] = fmaf(p0, v_lo, o[m][0]);
-          o[m][1] = fmaf(p1, v_lo, o[m][1]);
-          o[m][2] = fmaf(p0, v_hi, o[m][2]);
-          o[m][3] = fmaf(p1, v_hi, o[m][3]);
+          constexpr MutantSite kSite = MutantSite::decode_mma_direct;
+          o[m][0] = pv_accumulator(fmaf(p0, v_lo, o[m][0]), kSite);
+          o[m][1] = pv_accumulator(fmaf(p1, v_lo, o[m][1]), kSite);
+          o[m][2] = pv_accumulator(fmaf(p0, v_hi, o[m][2]), kSite);
+          o[m][3] = pv_accumulator(fmaf(p1, v_hi, o[m][3]), kSite);
         }
       }
       return;
@@ -391,6 +394,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
       using Hi = std::true_type;
       mma_16816(o[m], v_operand(0, m_tile, Lo{}), v_operand(0, m_tile, Hi{}),
                 v_operand(1, m_tile, Lo{}), v_operand(1, m_tile, Hi{}), pb0, pb1);
+      pv_accumulators(o[m], MutantSite::decode_mma_direct);
     };
     pv_m_tile(std::integral_constant<int, 0>{});
     pv_m_tile(std::integral_constant<int, 1>{});
@@ -457,3 +461,7 @@ cudaError_t split_mma_direct_resident_blocks(int* blocks) {
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl
+
+namespace kvlayer::cuda::detail {
+KVLAYER_DEFINE_MUTANT_UNIT(decode_mma_direct)
+}  // namespace kvlayer::cuda::detail
