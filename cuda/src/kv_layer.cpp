@@ -20,6 +20,7 @@
 #include "decode/decode.hpp"
 #include "device_status.cuh"
 #include "kvlayer/error.hpp"
+#include "kvlayer/reference/accuracy.hpp"
 #include "mutants.hpp"
 #include "plane_layout.hpp"
 #include "rebase.hpp"
@@ -432,6 +433,10 @@ std::int64_t KvLayer::read_base_d() const {
 DecodePlanInfo KvLayer::decode_plan() const {
   const auto& p = s_->decode_plan;
   return DecodePlanInfo{p.max_view_keys, p.n_splits, p.max_keys_per_split, p.scratch_bytes};
+}
+
+ref::AccumulationShape KvLayer::accumulation_shape() const {
+  return detail::accumulation_shape(s_->decode_plan);
 }
 
 float KvLayer::default_scale() const {

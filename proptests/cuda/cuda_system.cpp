@@ -95,8 +95,7 @@ class CudaSystem final : public System {
   }
 
   ref::AccumulationShape accumulation_shape(DecodeVariant) override {
-    const auto plan = layer_.decode_plan();
-    return {plan.max_keys_per_split, plan.n_splits};
+    return layer_.accumulation_shape();
   }
 
  private:

@@ -20,7 +20,9 @@ using Eigen::MatrixXd;
 /// Dequantized K and V of one KV head over a view, as float64 matrices [keys × head_dim].
 struct HeadCache {
   MatrixXdR k, v;
-  MatrixXdR v_block_max;  ///< [keys × head_dim_v]: largest |V| of the block holding element e
+  /// [keys × head_dim_v]: |V − m| + |m| with m the q5_1 block's minimum, i.e. |d·q| + |m|, the
+  /// magnitude the f32 (or fp16 fused) dequantization rounds at.
+  MatrixXdR v_dequant_mag;
 };
 
 /// Softmax of every column of a score matrix [keys × query heads] (one column per query head
@@ -49,14 +51,17 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view)
     const auto k = layer.dequantized_head(Plane::k, phys, kv_head);
     const auto v = layer.dequantized_head(Plane::v, phys, kv_head);
     for (int d = 0; d < g.head_dim_k; ++d) c.k(t, d) = k[std::size_t(d)];
+    const std::uint8_t* v_row =
+        layer.v_plane().data() + phys * g.v_tok_bytes() +
+        std::int64_t(kv_head) * (g.head_dim_v / kBlockValues) * kQ5_1BlockBytes;
     for (int b = 0; b < g.head_dim_v; b += kBlockValues) {
-      double block_max = 0;
+      const std::uint8_t* block = v_row + (b / kBlockValues) * kQ5_1BlockBytes;
+      const double m = f16_bits_to_f32(std::uint16_t(block[2] | (block[3] << 8)));
       for (int j = 0; j < kBlockValues; ++j) {
         const double x = v[std::size_t(b + j)];
         c.v(t, b + j) = x;
-        block_max = std::max(block_max, std::fabs(x));
+        c.v_dequant_mag(t, b + j) = std::fabs(x - m) + std::fabs(m);
       }
-      for (int j = 0; j < kBlockValues; ++j) c.v_block_max(t, b + j) = block_max;
     }
   }
   return c;
@@ -165,6 +170,45 @@ std::optional<std::vector<double>> KvLayer::decode_dcw(std::span<const float> q,
   return attend(q, n_q_heads, scale, begin, len_d_, base_d_);
 }
 
+namespace {
+
+/// Bounds on the probabilities a GPU computes when every score s̃_t may be off by up to δ_t:
+/// p̂_t = A/(A + R) with A = p̃_t·e^{ε_t}, R = Σ_{u≠t} p̃_u·e^{ε_u}, |ε| ≤ δ, is increasing in A
+/// and decreasing in R, so p̂_t ∈ [lo_t, hi_t] from the extreme A and R (accuracy.hpp (2)).
+/// Computed in the log domain (x_t = s̃_t − max s̃ is log of the unnormalized p̃_t) with
+/// prefix / suffix sums for the Σ_{u≠t}, so neither overflow nor cancellation can occur.
+void probability_range(const Eigen::VectorXd& x, const Eigen::VectorXd& delta, Eigen::VectorXd& lo,
+                       Eigen::VectorXd& hi) {
+  const Eigen::Index n = x.size();
+  const Eigen::VectorXd a = x + delta, b = x - delta;  // log of the largest and smallest A
+  const double a_max = a.maxCoeff(), b_max = b.maxCoeff();
+  // others(w, shift)[t] = Σ_{u≠t} e^{w_u − shift}
+  const auto others = [n](const Eigen::VectorXd& w, double shift) {
+    Eigen::VectorXd e = (w.array() - shift).exp().matrix(), out(n);
+    double before = 0;
+    for (Eigen::Index t = 0; t < n; ++t) {
+      out(t) = before;
+      before += e(t);
+    }
+    double after = 0;
+    for (Eigen::Index t = n - 1; t >= 0; --t) {
+      out(t) += after;
+      after += e(t);
+    }
+    return out;
+  };
+  const Eigen::VectorXd r_small = others(b, b_max), r_large = others(a, a_max);
+  lo.resize(n);
+  hi.resize(n);
+  for (Eigen::Index t = 0; t < n; ++t) {
+    // hi = e^{a_t} / (e^{a_t} + e^{b_max}·r_small_t), lo = e^{b_t} / (e^{b_t} + e^{a_max}·r_large_t)
+    hi(t) = r_small(t) > 0 ? 1 / (1 + std::exp(b_max - a(t) + std::log(r_small(t)))) : 1.0;
+    lo(t) = r_large(t) > 0 ? 1 / (1 + std::exp(a_max - b(t) + std::log(r_large(t)))) : 1.0;
+  }
+}
+
+}  // namespace
+
 DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q_heads,
                          std::optional<float> scale, const DecodeView& view,
                          const AccumulationShape& shape) {
@@ -177,42 +221,67 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
   DecodeBound r{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
                 std::vector<double>(n_out, 0.0)};
   if (view.end <= view.begin) return r;
+  // Rounding point (5): one m16n8k16 accumulation is within γ of Σ|addends|.
+  const double gamma = 2.0 * (kMmaK + 2) * u32;
+  // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)).
+  const double dot = shape.tensor_core ? 2 * gamma + (D / kBlockValues + 4) * u32 : (D + 4) * u32;
+  const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
+  // PV, and separately the row sums (each within this): the sequential chain (f32 adds, or γ
+  // per chained mma, which also covers the row sum's shorter f32 chain), the rescales and the
+  // merged partials (rounding points (2)-(4)).
+  const double chain = shape.tensor_core ? gamma / u32 * double(shape.pv_mma_steps)
+                                         : double(shape.max_keys_per_split);
+  const double accumulation = (chain + 4 * rescales + double(shape.n_splits) + 8) * u32;
   for (int kv = 0; kv < g.n_kv_heads; ++kv) {
     const HeadCache c = gather_head(layer, kv, view);
     const MatrixXdR abs_k = c.k.cwiseAbs();
     const MatrixXdR abs_v = c.v.cwiseAbs();
+    // V values in fp16's subnormal range are rounded with an absolute error of 2^-25.
+    const MatrixXdR v_subnormal =
+        (abs_v.array() > 0 && abs_v.array() < std::ldexp(1.0, -14)).cast<double>().matrix();
     const MatrixXd q_exact = query_columns(q, kv * gqa, gqa, g.head_dim_k, false);
     const MatrixXd q16 = query_columns(q, kv * gqa, gqa, g.head_dim_k, true);
     const ColumnSoftmax exact = softmax_columns(c.k, q_exact, s),
                         rounded = softmax_columns(c.k, q16, s);
     const MatrixXd magnitude = std::fabs(s) * (abs_k * q16.cwiseAbs());  // [keys × gqa]
-    const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
-    const double accumulation =
-        (double(shape.max_keys_per_split + shape.n_splits + 8) + 4 * rescales) * u32;
-    const MatrixXd& p = rounded.p;
+    const Eigen::Index n = c.k.rows();
+    MatrixXd deviation(n, gqa), high(n, gqa);
+    for (int j = 0; j < gqa; ++j) {
+      const Eigen::VectorXd x = rounded.scores.col(j).array() - rounded.top(j);
+      const Eigen::VectorXd delta =
+          magnitude.col(j) * dot + (8 * u32 * (1.0 + x.array().abs())).matrix();
+      Eigen::VectorXd lo, hi;
+      probability_range(x, delta, lo, hi);
+      const Eigen::VectorXd& p = rounded.p.col(j);
+      deviation.col(j) = (hi - p).cwiseMax(p - lo).cwiseMax(0.0);
+      high.col(j) = hi.cwiseMax(p);
+    }
     const MatrixXd o_exact = c.v.transpose() * exact.p;  // [head_dim_v × gqa]
-    const MatrixXd o_rounded = c.v.transpose() * p;
-    const MatrixXd term_v = abs_v.transpose() * p;
-    const MatrixXd term_b = c.v_block_max.transpose() * p;
-    const Eigen::VectorXd block_max_sum = c.v_block_max.colwise().sum().transpose();
+    const MatrixXd o_rounded = c.v.transpose() * rounded.p;
+    const MatrixXd term_perturbation = abs_v.transpose() * deviation;
+    const MatrixXd term_v = abs_v.transpose() * high;
+    const MatrixXd term_dequant = c.v_dequant_mag.transpose() * high;
+    const MatrixXd term_subnormal = v_subnormal.transpose() * high;
+    const Eigen::VectorXd v_sum = abs_v.colwise().sum().transpose();
     const Eigen::VectorXd column_max = abs_v.colwise().maxCoeff().transpose();
     for (int j = 0; j < gqa; ++j) {
-      const Eigen::VectorXd delta =
-          magnitude.col(j) * ((D + 4) * u32) +
-          (8 * u32 * (1.0 + (rounded.top(j) - rounded.scores.col(j).array()).abs())).matrix();
-      const double spread = std::expm1(2 * delta.maxCoeff());
       const std::size_t h = std::size_t(kv * gqa + j);
       for (int e = 0; e < g.head_dim_v; ++e) {
-        // NOTE: a column whose attended V is all zero has no score or rounding error, even
-        // when the score perturbation is unbounded (spread = inf): inf · 0 must not be NaN.
-        const double perturbation =
-            term_v(e, j) > 0 ? (spread + 2 * u16 + u16 * u16) * term_v(e, j) : 0.0;
         const std::size_t i = h * std::size_t(g.head_dim_v) + std::size_t(e);
         r.exact_q[i] = std::fabs(o_rounded(e, j) - o_exact(e, j));
         r.max_abs_v[i] = column_max(e);
-        r.bound[i] = r.exact_q[i] + perturbation + std::ldexp(1.0, -25) +
-                     accumulation * 2 * term_b(e, j) +
-                     std::ldexp(1.0, -24) * block_max_sum(e) / rounded.l(j);
+        // NOTE: a column whose attended V is all zero has no error at all, even where the
+        // score perturbation is unbounded: skip the products (inf · 0 must not be NaN).
+        if (column_max(e) == 0) {
+          r.bound[i] = r.exact_q[i];
+          continue;
+        }
+        r.bound[i] = r.exact_q[i] + term_perturbation(e, j) +
+                     (2 * u16 + u16 * u16) * term_v(e, j) +
+                     std::ldexp(1.0, -25) * term_subnormal(e, j) +
+                     2 * accumulation * (1 + 2 * u16) * term_v(e, j) +
+                     8 * u32 * term_dequant(e, j) +
+                     std::ldexp(1.0, -25) * (1 + u16) * v_sum(e);
       }
     }
   }
@@ -227,7 +296,8 @@ std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float
 
 void BoundTightness::record(double err, double bound, double exact_q, double max_abs_v) {
   ++elements_;
-  if (bound >= max_abs_v) ++vacuous_;
+  // An all-zero column admits only 0, so a zero bound there is exact, not vacuous.
+  if (max_abs_v > 0 ? bound >= max_abs_v : bound > 0) ++vacuous_;
   if (!(bound > exact_q)) return;
   const double h = std::clamp((err - exact_q) / (bound - exact_q), 0.0, 1.0);
   headroom_max_ = std::max(headroom_max_, h);

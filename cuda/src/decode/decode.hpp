@@ -10,6 +10,10 @@
 
 #include "../device_status.cuh"
 
+namespace kvlayer::ref {
+struct AccumulationShape;
+}
+
 namespace kvlayer::cuda::detail {
 
 /// Which split kernel a plan launches (both write the same partials; one merge kernel).
@@ -33,7 +37,14 @@ struct DecodePlan {
   /// Online-softmax rescales of one accumulator at the longest split (for the tolerance's
   /// AccumulationShape::rescales): one per tile, plus (mma) the block's merge of its warps.
   std::int64_t max_rescales = 0;
+  /// mma kernels: the longest chain of mma accumulations into one PV accumulator (a warp's
+  /// 16-key tiles of the longest split); 0 for cuda_core.
+  std::int64_t pv_mma_steps = 0;
 };
+
+/// What the accuracy contract needs of a plan (reference/.../accuracy.hpp, rounding points
+/// (1)-(5)): every GPU comparison takes its bound's shape from here.
+ref::AccumulationShape accumulation_shape(const DecodePlan& plan);
 
 /// Alignment the decode needs of k_plane, v_plane (it issues 4/8/16-byte vector loads).
 /// NOTE: cudaMalloc pointers qualify; a plane must not start at an offset into a buffer.

@@ -8,6 +8,7 @@
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
 #include "kvlayer/error.hpp"
+#include "kvlayer/reference/accuracy.hpp"
 
 namespace kvlayer::cuda::detail {
 
@@ -69,10 +70,21 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   // 16-key tile (max_keys_per_split / 64 of them) and the block merges its 4 warps once more.
   p.max_rescales =
       mma ? p.max_keys_per_split / kDecodeMmaTileKeys + 1 : p.max_keys_per_split / p.tile_keys;
+  p.pv_mma_steps = mma ? p.max_keys_per_split / kDecodeMmaTileKeys : 0;
   // Per (KV head, split, query head): o[head_dim], m, l — all f32.
   p.scratch_bytes = std::size_t(n_kv_heads) * std::size_t(p.n_splits) * std::size_t(gqa) *
                     std::size_t(head_dim + 2) * sizeof(float);
   return p;
+}
+
+ref::AccumulationShape accumulation_shape(const DecodePlan& plan) {
+  ref::AccumulationShape shape;
+  shape.max_keys_per_split = plan.max_keys_per_split;
+  shape.n_splits = plan.n_splits;
+  shape.rescales = plan.max_rescales;
+  shape.tensor_core = plan.kernel == DecodeKernel::mma;
+  shape.pv_mma_steps = plan.pv_mma_steps;
+  return shape;
 }
 
 }  // namespace kvlayer::cuda::detail

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "decode/decode.hpp"
+#include "gpu_test_support.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
 #include "support/splitmix_rng.hpp"
@@ -220,15 +221,6 @@ inline bool untouched(const std::vector<float>& out) {
   return true;
 }
 
-/// The launch shape entering the bound. The CUDA-core kernel keeps the shape its suite was
-/// validated with (rescales unstated: one per key, the worst case); the mma kernel states its
-/// own (DecodePlan::max_rescales: one per 16-key warp tile of a warp, plus the block merge).
-inline ref::AccumulationShape accumulation_shape(const DecodePlan& plan) {
-  ref::AccumulationShape shape{plan.max_keys_per_split, plan.n_splits};
-  if (plan.kernel == cuda::detail::DecodeKernel::mma) shape.rescales = plan.max_rescales;
-  return shape;
-}
-
 /// Verifies a GPU output against the float64 reference decode of `view` of `layer` within
 /// the per-element bound of the declared precision (SPEC §8). Where the reference is NaN (a
 /// canonical bad block was attended) the GPU must be NaN; elsewhere finite and within bound.
@@ -240,8 +232,9 @@ inline double expect_within_contract(const std::vector<float>& gpu, const std::v
                                      bool expect_nonzero = true) {
   EXPECT_EQ(gpu.size(), want.size()) << what;
   if (gpu.size() != want.size()) return 0;
-  const std::vector<double> bound =
-      ref::decode_tolerance(layer, q, n_q_heads, scale, view, accumulation_shape(plan));
+  const ref::DecodeBound b =
+      ref::decode_bound(layer, q, n_q_heads, scale, view, cuda::detail::accumulation_shape(plan));
+  const std::vector<double>& bound = b.bound;
   double worst = 0, norm = 0;
   int failures = 0;
   for (std::size_t i = 0; i < gpu.size(); ++i) {
@@ -262,6 +255,7 @@ inline double expect_within_contract(const std::vector<float>& gpu, const std::v
       continue;
     }
     if (bound[i] > 0) worst = std::max(worst, err / bound[i]);
+    bound_tightness().record(err, bound[i], b.exact_q[i], b.max_abs_v[i]);
   }
   if (failures > 8) ADD_FAILURE() << what << ": " << failures << " elements out of contract";
   if (expect_nonzero) {

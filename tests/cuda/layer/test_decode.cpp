@@ -21,8 +21,10 @@ using cuda::detail::Stream;
 
 /// Compares a GPU output with the reference within the per-element bound; NaN only where the
 /// reference has NaN. Returns the largest |error| / bound seen.
+/// Every element that passed is recorded in the run's bound tightness.
 double expect_within(const std::vector<float>& got, const std::vector<double>& want,
-                     const std::vector<double>& bound, const std::string& what) {
+                     const ref::DecodeBound& b, const std::string& what) {
+  const std::vector<double>& bound = b.bound;
   EXPECT_EQ(got.size(), want.size());
   double worst = 0;
   int reported = 0;
@@ -41,6 +43,7 @@ double expect_within(const std::vector<float>& got, const std::vector<double>& w
       continue;
     }
     if (bound[e] > 0) worst = std::max(worst, err / bound[e]);
+    bound_tightness().record(err, bound[e], b.exact_q[e], b.max_abs_v[e]);
   }
   return worst;
 }
@@ -81,10 +84,8 @@ void check_decode_here(cuda::KvLayer& gpu, ref::KvLayer& ref, Rng& rng, cudaStre
   const std::vector<float> got = out.download(stream);
   const auto [begin, end] = ref.view();
   const std::vector<double> want = ref.decode(hq, nq, scale);
-  const cuda::DecodePlanInfo plan = gpu.decode_plan();
-  const std::vector<double> bound =
-      ref::decode_tolerance(ref, hq, nq, scale, ref::DecodeView{begin, end, ref.base()},
-                            ref::AccumulationShape{plan.max_keys_per_split, plan.n_splits});
+  const ref::DecodeBound bound = ref::decode_bound(
+      ref, hq, nq, scale, ref::DecodeView{begin, end, ref.base()}, gpu.accumulation_shape());
   const std::string what = g.describe() + " gqa " + std::to_string(nq / g.n_kv_heads) + " view [" +
                            std::to_string(begin) + ", " + std::to_string(end) + ")";
   worst = std::max(worst, expect_within(got, want, bound, what));
@@ -221,9 +222,8 @@ TEST(CudaDecode, BadBlocksPropagateNaN) {
   gpu.decode(q.get(), out.get());
   const auto got = out.download(stream.get());
   const auto want = ref.decode(hq, 8);
-  const auto plan = gpu.decode_plan();
-  const auto bound = ref::decode_tolerance(ref, hq, 8, std::nullopt, ref::DecodeView{0, 62, 0},
-                                           {plan.max_keys_per_split, plan.n_splits});
+  const auto bound = ref::decode_bound(ref, hq, 8, std::nullopt, ref::DecodeView{0, 62, 0},
+                                       gpu.accumulation_shape());
   int nan_count = 0;
   for (double w : want) nan_count += std::isnan(w);
   EXPECT_GT(nan_count, 0);

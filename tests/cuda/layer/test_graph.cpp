@@ -87,8 +87,7 @@ void run_case(const GraphCase& c) {
   const Graph graph = capture_step(replayed, row, q_in.get(), out_replayed.get(), s);
   ASSERT_TRUE(same_state(replayed, ref)) << "capture must not execute anything";
 
-  const cuda::DecodePlanInfo plan = replayed.decode_plan();
-  const ref::AccumulationShape shape{plan.max_keys_per_split, plan.n_splits};
+  const ref::AccumulationShape shape = replayed.accumulation_shape();
   const std::int64_t max_chain = g.is_ring() ? g.max_append : 24;
   double worst = 0;
   int chains = 0, rewinds = 0;
@@ -133,14 +132,15 @@ void run_case(const GraphCase& c) {
         ASSERT_EQ(std::bit_cast<std::uint32_t>(got_r[e]), std::bit_cast<std::uint32_t>(got_e[e]))
             << "token " << t << " element " << e << ": replayed " << got_r[e] << " vs eager "
             << got_e[e];
-      const std::vector<double> bound =
-          ref::decode_tolerance(ref, hq, nq, std::nullopt, view, shape);
+      const ref::DecodeBound b = ref::decode_bound(ref, hq, nq, std::nullopt, view, shape);
+      const std::vector<double>& bound = b.bound;
       for (std::size_t e = 0; e < on; ++e) {
         const double err = std::fabs(double(got_r[e]) - (*want)[e]);
         ASSERT_TRUE(std::isfinite(got_r[e]) && err <= bound[e])
             << "token " << t << " element " << e << ": " << got_r[e] << " vs reference "
             << (*want)[e] << ", |error| " << err << " > bound " << bound[e];
         if (bound[e] > 0) worst = std::max(worst, err / bound[e]);
+        bound_tightness().record(err, bound[e], b.exact_q[e], b.max_abs_v[e]);
       }
     }
     replayed.account_steps(k);

@@ -37,6 +37,10 @@
 #include "kvlayer/geometry.hpp"
 #include "kvlayer/status.hpp"
 
+namespace kvlayer::ref {
+struct AccumulationShape;
+}
+
 namespace kvlayer::cuda {
 
 /// Rows handed to an append: `n` rows of K (n × kv_dim_k elements) and of V (n × kv_dim_v),
@@ -163,6 +167,10 @@ class KvLayer {
   /// The decode grid fixed at construction.
   DecodePlanInfo decode_plan() const;
   std::int64_t max_keys_per_split() const { return decode_plan().max_keys_per_split; }
+  /// The accumulation shape of this layer's decode (the kernel, its longest chains, rescales
+  /// and merged partials), from which ref::decode_bound derives the accuracy bound (include
+  /// kvlayer/reference/accuracy.hpp to use it).
+  ref::AccumulationShape accumulation_shape() const;
   /// 1/sqrt(head_dim_k) computed in f32, the scale used when none is given.
   float default_scale() const;
 
