@@ -1,5 +1,6 @@
 #include "mutants.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -108,12 +109,49 @@ float default_scale_mutant(float s) {
 }
 #endif
 
+#ifdef KVLAYER_MUTANTS
+namespace {
+
+/// Whether KVLAYER_MUTANT_UNITS (kernel translation units, comma-separated; unset or empty: all)
+/// arms `unit`, so that tools/mutants can prove a mutant planted in several kernels is caught in
+/// each. Throws kvlayer::Error for a name that is not a unit.
+bool unit_armed(const char* unit) {
+  const char* env = std::getenv("KVLAYER_MUTANT_UNITS");
+  if (env == nullptr || *env == '\0') return true;
+  static const char* const kUnits[] = {
+#define KVLAYER_UNIT_NAME(unit) #unit,
+      KVLAYER_MUTANT_UNITS(KVLAYER_UNIT_NAME)
+#undef KVLAYER_UNIT_NAME
+  };
+  bool armed = false;
+  const std::string list(env);
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t end = std::min(list.find(',', at), list.size());
+    const std::string name = list.substr(at, end - at);
+    bool known = false;
+    for (const char* u : kUnits) known = known || name == u;
+    if (!known) {
+      std::string names;
+      for (const char* u : kUnits) names += (names.empty() ? "" : ", ") + std::string(u);
+      throw Error(ErrorKind::refused,
+                  "KVLAYER_MUTANT_UNITS: unknown unit '" + name + "' (known: " + names + ")");
+    }
+    armed = armed || name == unit;
+    at = end + 1;
+  }
+  return armed;
+}
+
+}  // namespace
+#endif
+
 void arm_device_mutants() {
 #ifdef KVLAYER_MUTANTS
   static std::once_flag once;
   std::call_once(once, [] {
     const int m = static_cast<int>(active_mutant());
-#define KVLAYER_ARM_MUTANT_UNIT(unit) KVLAYER_CUDA_TRY(unit##_arm_mutant(m));
+#define KVLAYER_ARM_MUTANT_UNIT(unit) \
+  KVLAYER_CUDA_TRY(unit##_arm_mutant(unit_armed(#unit) ? m : 0));
     KVLAYER_MUTANT_UNITS(KVLAYER_ARM_MUTANT_UNIT)
 #undef KVLAYER_ARM_MUTANT_UNIT
     if (m != 0) static ReachReport report;
