@@ -68,6 +68,7 @@ class CudaSystem final : public System {
                                               bool windowed) override {
     if (!captured_ || graph_windowed_ != windowed) capture(rows.front(), queries.front(), windowed);
     std::vector<std::vector<float>> outputs;
+    eager_.clear();
     for (std::size_t i = 0; i < rows.size(); ++i) {
       // New inputs into the buffers the graph captured, then one replay.
       upload(chain_k_.get(), rows[i].k_bytes.data(), rows[i].k_bytes.size(), stream());
@@ -76,9 +77,15 @@ class CudaSystem final : public System {
       upload(chain_out_.get(), poison_.data(), poison_.size() * sizeof(float), stream());
       graph_.launch(stream());
       outputs.push_back(download(chain_out_.as<float>()));
+      // The same decode, eagerly, on the state the replay left.
+      float* dout = poisoned_out();
+      run_decode(windowed ? DecodeVariant::dcw : DecodeVariant::dc, chain_q_.as<float>(), dout);
+      eager_.push_back(download(dout));
     }
     return outputs;
   }
+
+  std::vector<std::vector<float>> last_chain_eager() override { return eager_; }
 
   void clear_status() override { layer_.clear_status(); }
 
@@ -86,6 +93,8 @@ class CudaSystem final : public System {
     Snapshot s;
     s.k_plane = layer_.k_plane_bytes();
     s.v_plane = layer_.v_plane_bytes();
+    s.k_tail = layer_.k_plane_tail_bytes();
+    s.v_tail = layer_.v_plane_tail_bytes();
     s.len = layer_.len();
     s.base = layer_.base();
     s.len_d = layer_.read_len_d();
@@ -163,6 +172,7 @@ class CudaSystem final : public System {
   cuda::detail::Graph graph_;
   bool graph_windowed_ = false;
   bool captured_ = false;
+  std::vector<std::vector<float>> eager_;  ///< the last chain's eager decodes
 };
 
 }  // namespace

@@ -82,6 +82,7 @@ class TimedSystem final : public System {
                                               bool windowed) override {
     return timed([&] { return inner_.graph_chain(rows, queries, windowed); });
   }
+  std::vector<std::vector<float>> last_chain_eager() override { return inner_.last_chain_eager(); }
   void clear_status() override { timed([&] { inner_.clear_status(); }); }
   Snapshot snapshot() override {
     const Stopwatch w(stats_.seconds_in_snapshots);
@@ -250,7 +251,14 @@ std::optional<std::string> Executor::compare_state() {
   std::string d = first_byte_difference(model_.k_plane(), s.k_plane, g.k_tok_bytes(), "K");
   if (d.empty()) d = first_byte_difference(model_.v_plane(), s.v_plane, g.v_tok_bytes(), "V");
   if (!d.empty()) return d;
-  stats_.bytes_compared += std::int64_t(s.k_plane.size() + s.v_plane.size());
+  for (const auto* tail : {&s.k_tail, &s.v_tail})
+    for (std::size_t i = 0; i < tail->size(); ++i)
+      if ((*tail)[i] != 0)
+        return std::string(tail == &s.k_tail ? "K" : "V") + " plane tail byte " +
+               std::to_string(i) + " past the last row is " + std::to_string((*tail)[i]) +
+               " (must stay 0)";
+  stats_.bytes_compared += std::int64_t(s.k_plane.size() + s.v_plane.size() + s.k_tail.size() +
+                                        s.v_tail.size());
   std::ostringstream c;
   if (s.len != model_.len()) c << " len " << s.len << " (model " << model_.len() << ")";
   if (s.len_d != model_.len_d()) c << " len_d " << s.len_d << " (model " << model_.len_d() << ")";
@@ -423,13 +431,9 @@ std::optional<std::string> Executor::step(const Command& command) {
       std::vector<std::vector<float>> queries;
       std::vector<Expectation> expected;
       Rng rng(c->seed);
-      // The model runs the steps eagerly; each checked step's expectation (and bound) is taken
-      // on the state that step decoded. Outputs are compared at the first and last step and
-      // two drawn ones (the float64 attention and its bound dominate a case's cost); every
-      // step's bytes, counters and status are still compared after the chain.
-      std::vector<bool> checked(std::size_t(c->steps), false);
-      checked.front() = checked.back() = true;
-      for (int k = 0; k < 2; ++k) checked[std::size_t(rng.range(0, c->steps - 1))] = true;
+      // The model runs the steps eagerly; each step's expectation (and bound) is taken on the
+      // state that step decoded. Every replayed step is compared with the reference within the
+      // bound, and bit for bit with the same decode run eagerly on the state it left.
       for (std::int64_t i = 0; i < c->steps; ++i) {
         rows.push_back(make_rows(g, dt, 1, rng.next(), DataKind::gaussian));
         queries.push_back(make_query(g, case_.n_q_heads, rng.next()));
@@ -439,40 +443,29 @@ std::optional<std::string> Executor::step(const Command& command) {
         else model_.append_dc(view_of(rows.back()));
         model_.inc_seqlen();
         const auto variant = c->windowed ? DecodeVariant::dcw : DecodeVariant::dc;
-        const bool check = checked[std::size_t(i)];
-        auto out = c->windowed
-                       ? model_.decode_dcw(queries.back(), case_.n_q_heads, std::nullopt, check)
-                       : model_.decode_dc(queries.back(), case_.n_q_heads, std::nullopt, check);
-        if (check) {
-          expected.push_back(expect_decode(variant, queries.back(), std::move(out)));
-          if (expected.back().self_check) diff = expected.back().self_check;
-        } else {
-          // Unchecked step: only whether it wrote its output (nullopt: a device error).
-          expected.push_back(Expectation{decode_variant_name(variant),
-                                         out ? std::optional<std::vector<double>>(std::vector<double>{})
-                                             : std::nullopt,
-                                         {}, {}});
-        }
+        auto out = c->windowed ? model_.decode_dcw(queries.back(), case_.n_q_heads)
+                               : model_.decode_dc(queries.back(), case_.n_q_heads);
+        expected.push_back(expect_decode(variant, queries.back(), std::move(out)));
+        if (expected.back().self_check && !diff) diff = expected.back().self_check;
       }
       stats_.graph_replays += c->steps;
       if (system_ && !diff) {
         const auto outputs = system_->graph_chain(rows, queries, c->windowed);
+        const auto eager = system_->last_chain_eager();
         if (outputs.size() != expected.size())
           diff = "graph chain returned " + std::to_string(outputs.size()) + " outputs for " +
                  std::to_string(expected.size()) + " steps";
+        else if (!eager.empty() && eager.size() != outputs.size())
+          diff = "graph chain ran " + std::to_string(eager.size()) + " eager decodes for " +
+                 std::to_string(outputs.size()) + " steps";
         for (std::size_t i = 0; i < expected.size() && !diff; ++i) {
-          std::optional<std::string> d;
-          if (checked[i]) {
-            d = check_decode(expected[i], outputs[i]);
-          } else if (expected[i].out) {
-            // Written: no element may still hold the poison (NaN is legal here: an earlier
-            // append may have left a canonical bad block in the view).
-            for (std::size_t e = 0; e < outputs[i].size() && !d; ++e)
-              if (std::bit_cast<std::uint32_t>(outputs[i][e]) == kPoisonBits)
-                d = expected[i].name + " output element " + std::to_string(e) + " was not written";
-          } else {
-            d = check_decode(expected[i], outputs[i]);  // nothing may be written
-          }
+          std::optional<std::string> d = check_decode(expected[i], outputs[i]);
+          for (std::size_t e = 0; !d && !eager.empty() && e < outputs[i].size(); ++e)
+            if (std::bit_cast<std::uint32_t>(outputs[i][e]) !=
+                std::bit_cast<std::uint32_t>(eager[i].at(e)))
+              d = expected[i].name + " output element " + std::to_string(e) + ": replayed " +
+                  std::to_string(outputs[i][e]) + " but eager " + std::to_string(eager[i][e]) +
+                  " on the same state (must be bit-identical)";
           if (d) diff = "step " + std::to_string(i) + ": " + *d;
         }
       }

@@ -17,6 +17,8 @@ namespace kvlayer::harness {
 /// Everything SPEC §10.1 compares after each command.
 struct Snapshot {
   std::vector<std::uint8_t> k_plane, v_plane;
+  /// The padding past each plane's last row (vector loads may read it): must stay all zero.
+  std::vector<std::uint8_t> k_tail, v_tail;
   std::int64_t len = 0, len_d = 0, base = 0, base_d = 0;
   LayerStatus status;
 };
@@ -47,6 +49,10 @@ class System {
   virtual std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
                                                       const std::vector<std::vector<float>>& queries,
                                                       bool windowed) = 0;
+  /// For the last graph_chain: each step's decode run eagerly on the state the replayed step
+  /// left (same call, same state: must be bit-identical to the replayed output), or empty when
+  /// the system has no eager path to compare.
+  virtual std::vector<std::vector<float>> last_chain_eager() { return {}; }
   virtual void clear_status() = 0;
   /// Synchronizes and reads back the whole state.
   virtual Snapshot snapshot() = 0;
