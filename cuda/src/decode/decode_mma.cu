@@ -10,9 +10,8 @@
 //      accumulator; products of fp16 operands are exact), × f32(d) (__fmul_rn), and the
 //      head_dim/32 block results are summed in f32 in block order (__fadd_rn); score = dot ×
 //      scale (__fmul_rn). NOTE: the tensor core adds the 16 products and the accumulator with
-//      its own internal f32 alignment (not a sequence of IEEE adds); the bound's (D + 4)·u32
-//      for the dot assumes no more than ~D f32 roundings' worth of error, which two 17-term
-//      additions per block stay far inside in practice (see bench/NOTES.md).
+//      its own internal alignment, not as a sequence of IEEE adds: accuracy.hpp's rounding
+//      point (5) bounds one mma by γ = 36·u32 of the sum of its addends' magnitudes.
 //  (2) Online softmax in f32 per warp, one max update per 16-key warp tile: m' = max(m, tile
 //      max), α = exp2f((m − m')·log2e) (exactly 1 when m' == m), p = exp2f((s − m')·log2e), IEEE
 //      exp2f. m starts at the finite sentinel −FLT_MAX; fmaxf ignores NaN scores, so m stays
@@ -20,13 +19,14 @@
 //  (3) p is rounded to fp16 (RNE) as the A operand of PV; the B operand is V = d·q + m
 //      computed by one fp16 fused multiply-add (HFMA2: d, m are the block's fp16 values, q is
 //      exact in fp16), i.e. the exact dequantized value rounded once to fp16 (accuracy.hpp (3)). PV
-//      accumulates in f32 (mma accumulators, one per (query head, column)). The row sum l uses the
+//      accumulates in f32 mma accumulators (one per (query head, column)), a chain of
+//      max_keys_per_split/64 mma per accumulator (DecodePlan::pv_mma_steps; rounding point (5)). The row sum l uses the
 //      unrounded f32 p: per lane l·α + (4 keys), the 4 lanes of a row summed by an xor butterfly at
 //      the end.
 //  (4) The block merges its 4 warps in f32 (M = max m_w, w_w = exp2f((m_w − M)·log2e), warps in
 //      order) into one partial, then the merge kernel merges splits as for decode.cu. Per
-//      accumulator: ≤ max_keys_per_split/4 keys per warp + 4 warp terms ≤ max_keys_per_split
-//      sequential terms, and max_keys_per_split/64 + 1 rescales (DecodePlan::max_rescales).
+//      accumulator: max_keys_per_split/64 + 1 rescales (DecodePlan::max_rescales); the row sum
+//      is a per-lane f32 chain of max_keys_per_split/16 adds, 2 butterfly adds and 4 warp terms.
 //
 // ---- Design ---------------------------------------------------------------------------------
 // Block = 4 independent warps; warp w owns the 16-key warp tiles w, w + 4, w + 8, … of the
