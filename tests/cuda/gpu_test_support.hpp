@@ -1,9 +1,12 @@
 // Shared by every GPU test: skip visibly (GTEST_SKIP, reported by ctest as "Skipped") when no
-// CUDA device is present, and check CUDA calls.
+// CUDA device is present, check CUDA calls, and sum the accuracy bound's tightness over the run
+// (printed by the shared main, gpu_test_main.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+
+#include "kvlayer/reference/accuracy.hpp"
 
 namespace kvlayer::testing {
 
@@ -16,7 +19,19 @@ inline bool gpu_available() {
   return available;
 }
 
+/// The process-wide tightness of the decode accuracy bound over every element a test compared
+/// (record into it from the test thread). The shared gtest main prints its summary() line at
+/// the end of the run when anything was recorded.
+inline ref::BoundTightness& bound_tightness() {
+  static ref::BoundTightness tightness;
+  return tightness;
+}
+
 }  // namespace kvlayer::testing
+
+namespace kvlayer {
+namespace test = testing;  // kvlayer::test::bound_tightness() reads as well
+}  // namespace kvlayer
 
 /// Put first in every GPU test body (or fixture SetUp): skips with a visible reason.
 #define KVLAYER_REQUIRE_GPU()                                                   \

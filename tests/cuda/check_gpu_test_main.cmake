@@ -1,0 +1,43 @@
+# cmake -DBIN=<kvlayer_gpu_test_main_selftest> -P check_gpu_test_main.cmake
+# Runs the self-test binary once per case and checks the shared main's exit status (and, where
+# given, its output).
+if(NOT BIN)
+  message(FATAL_ERROR "BIN is not set")
+endif()
+
+set(failures 0)
+# check(FILTER FAIL_ENV EXPECTED_STATUS [OUTPUT_REGEX] [NOT_OUTPUT_REGEX])
+function(check filter fail_env expected)
+  set(env)
+  if(fail_env)
+    set(env KVLAYER_MAIN_SELFTEST_FAIL=1)
+  endif()
+  execute_process(COMMAND ${CMAKE_COMMAND} -E env ${env} ${BIN} --gtest_color=no --gtest_filter=${filter}
+                  RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  set(ok TRUE)
+  if(NOT status STREQUAL expected)
+    set(ok FALSE)
+    message(SEND_ERROR "${filter} (fail ${fail_env}): exit status ${status}, expected ${expected}\n${out}")
+  endif()
+  if(ARGC GREATER 3 AND NOT ARGV3 STREQUAL "" AND NOT out MATCHES "${ARGV3}")
+    set(ok FALSE)
+    message(SEND_ERROR "${filter}: output does not match '${ARGV3}'\n${out}")
+  endif()
+  if(ARGC GREATER 4 AND out MATCHES "${ARGV4}")
+    set(ok FALSE)
+    message(SEND_ERROR "${filter}: output matches '${ARGV4}'\n${out}")
+  endif()
+  if(ok)
+    message(STATUS "ok: ${filter} (fail ${fail_env}) -> ${status}")
+  endif()
+endfunction()
+
+check("MainSelfTest.Passes" OFF 0 "" "bound tightness")
+check("MainSelfTest.Skips" OFF 77)
+check("MainSelfTest.Passes:MainSelfTest.Skips" OFF 77)
+check("MainSelfTest.Fails:MainSelfTest.Skips" ON 1)
+check("MainSelfTest.FailsThenSkips" ON 1)
+check("MainSelfTest.Fails:MainSelfTest.FailsThenSkips:MainSelfTest.Passes" ON 1)
+check("MainSelfTest.RecordsTightness" OFF 0
+      "bound tightness: 1 elements, vacuous 0 \\(0.0000%\\), residual headroom max 0.5000")
+check("NoSuchTest.*" OFF 0)
