@@ -7,6 +7,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -337,6 +338,53 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
         {{"probe", "--keys", "1030"}, 2, "kvlayer probe: --keys 1030 must be a multiple of 16\n"});
   }
   expect_errors(cases);
+}
+
+TEST_F(Cli, FuzzRefusesAnUnusableReplayDirBeforeTheCampaign) {
+  std::ofstream(path("plain")).put('x');
+  // --minutes bounds the run should the check come after the campaign (stdout then fills).
+  expect_errors({
+      {{"fuzz", "--replay-dir", path("missing").string(), "--minutes", "0.02", "--reference-only"},
+       1,
+       "kvlayer fuzz: replay dir " + path("missing").string() + ": does not exist\n"},
+      {{"fuzz", "--replay-dir", path("plain").string(), "--minutes", "0.02", "--reference-only"},
+       1,
+       "kvlayer fuzz: replay dir " + path("plain").string() + ": is not a directory\n"},
+  });
+}
+
+TEST_F(Cli, FuzzAnnouncesAPlantedMutantOnlyWhereOneIsBuiltIn) {
+  ::setenv("KVLAYER_MUTANT", "qh_bit_order", 1);
+  const Result r = run({"fuzz", "--cases", "2", "--max-size", "8", "--reference-only",
+                        "--replay-dir", dir_.string()});
+  ::unsetenv("KVLAYER_MUTANT");
+  EXPECT_EQ(r.status, 0) << r.out << r.err;
+  EXPECT_EQ(r.out.find("planted mutant armed"), std::string::npos) << r.out;
+#ifdef KVLAYER_CLI_HAS_MUTANTS
+  const std::string note =
+      "planted mutant qh_bit_order is not exercised: the CUDA side does not run";
+#else
+  const std::string note =
+      "KVLAYER_MUTANT=qh_bit_order is ignored: this build has no planted mutants";
+#endif
+  EXPECT_NE(r.out.find(note), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  cases                        2\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n  failures                     0\n"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, HelpTextsPrintPercentSignsOnce) {
+  std::vector<std::string> commands = {"quantize", "dequantize", "selfcheck", "fuzz", "replay"};
+#ifdef KVLAYER_CLI_HAS_BENCH
+  commands.insert(commands.end(), {"bench", "soak", "probe"});
+#endif
+  for (const auto& c : commands) {
+    const Result r = run({c, "--help"});
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_EQ(r.out.find("%%"), std::string::npos) << c << ":\n" << r.out;
+  }
+#ifdef KVLAYER_CLI_HAS_BENCH
+  EXPECT_NE(run({"bench", "--help"}).out.find("and % of the measured ceiling"), std::string::npos);
+#endif
 }
 
 TEST_F(Cli, UsageErrorsExit2WithOneLine) {

@@ -35,14 +35,14 @@ constexpr std::string_view kUsage =
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window; append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
     "  the same step launched eagerly. Reports medians (CUDA events) in µs, bytes moved, GB/s\n"
-    "  and %% of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
+    "  and % of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
     "  Each row also gets its floor: the streaming-read kernel on the row's byte count, one\n"
-    "  cold launch per event pair (%% floor = floor µs / row µs).\n"
+    "  cold launch per event pair (% floor = floor µs / row µs).\n"
     "  --json FILE   also write the results as JSON (for tools/bench-peers)\n"
     "  --reps N      timed repetitions per measurement (default 50)\n"
     "  --quick       one geometry, fewer lengths (a smoke run)\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
-    "                profiler: few launches; %% ceiling is not reported)\n"
+    "                profiler: few launches; % ceiling is not reported)\n"
     "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n";
 
 struct Row {

@@ -4,14 +4,18 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
 #include "commands.hpp"
 #include "kvlayer/harness/campaign.hpp"
 #include "system_choice.hpp"
+
+#ifdef KVLAYER_WITH_CUDA
+#include "mutants.hpp"
+#endif
 
 namespace kvlayer::cli {
 namespace {
@@ -28,8 +32,12 @@ constexpr std::string_view kUsage =
     "  --minutes M      stop after M minutes (default: no limit)\n"
     "  --seed S         campaign seed (default 1); the same seed draws the same cases\n"
     "  --max-size N     rapidcheck size: longest sequences (default 150)\n"
-    "  --replay-dir D   where a failing case's replay file goes (default .)\n"
-    "  exit status 0 when every case passed, 1 on a failure (replay file written)\n";
+    "  --replay-dir D   where a failing case's replay file goes (default .); an existing,\n"
+    "                   writable directory, checked before the first case\n"
+    "  A failing case is shrunk; its shrunk sequence is printed before the replay file\n"
+    "  (DIR/failure-seed-S.json) is written.\n"
+    "  exit status 0 when every case passed, 1 on a failure (and when the replay file could\n"
+    "  not be written, said on stderr)\n";
 
 double parse_minutes(const Options& o) {
   const auto v = o.get("minutes");
@@ -71,7 +79,8 @@ class Progress {
     std::fflush(stderr);
   }
   void finish() {
-    if (isatty(2)) std::fprintf(stderr, "\n");
+    if (!finished_ && isatty(2)) std::fprintf(stderr, "\n");
+    finished_ = true;
   }
 
  private:
@@ -80,6 +89,7 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point last_{};
   int last_decile_ = -1;
+  bool finished_ = false;
 };
 
 void print_summary(const harness::CampaignResult& r, const std::string& side) {
@@ -108,8 +118,8 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
   line("largest decode error/bound", r.stats.worst_bound > 0 ? worst : "n/a (no GPU outputs)");
   // Where the time went: tells a slow campaign's bottleneck (model, device calls, read-backs).
   const harness::Stats& t = r.stats;
-  const double model = t.seconds_in_commands - t.seconds_in_system - t.seconds_in_snapshots -
-                       t.seconds_in_bounds;
+  const double model =
+      t.seconds_in_commands - t.seconds_in_system - t.seconds_in_snapshots - t.seconds_in_bounds;
   char split[240];
   std::snprintf(split, sizeof split,
                 "%.1f s: system calls %.1f, state read-backs %.1f, decode bounds %.1f, model and "
@@ -121,10 +131,40 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
                                     " s (case set-up and teardown, generation, shrinking)");
   line("failures", r.passed ? "0" : "1");
   if (!r.passed) {
-    line("replay file", r.replay_file.empty() ? "(none)" : r.replay_file);
-    line("shrunk sequence", std::to_string(r.shrunk_commands) + " commands after " +
-                                std::to_string(r.shrinks) + " shrinks");
+    if (r.failing_commands > 0)
+      line("failing case", std::to_string(r.failing_commands) + " commands");
+    if (!r.replay_error.empty())
+      line("replay file", "NOT WRITTEN: " + r.replay_error);
+    else
+      line("replay file", r.replay_file.empty() ? "(none)" : r.replay_file);
+    if (r.shrunk_commands > 0 || r.shrinks > 0)
+      line("shrunk sequence", std::to_string(r.shrunk_commands) + " commands after " +
+                                  std::to_string(r.shrinks) + " shrinks");
   }
+  // Unindented, so that tools/device-campaign.sh can collect it.
+  if (r.stats.tightness.elements() > 0) std::printf("%s\n", r.stats.tightness.summary().c_str());
+}
+
+/// The planted mutant armed in this process, when this build has them (KVLAYER_MUTANTS=ON)
+/// and the CUDA side runs; an unknown KVLAYER_MUTANT name throws kvlayer::Error.
+void print_mutant_note(const SystemChoice& choice) {
+  const char* env = std::getenv("KVLAYER_MUTANT");
+  if (env == nullptr || *env == '\0') return;
+#ifdef KVLAYER_WITH_CUDA
+  using cuda::detail::Mutant;
+  const Mutant m = cuda::detail::active_mutant();
+  if (m != Mutant::none) {
+    if (choice.factory)
+      std::printf("  planted mutant armed: %s\n", cuda::detail::mutant_name(m));
+    else
+      std::printf("  planted mutant %s is not exercised: the CUDA side does not run\n",
+                  cuda::detail::mutant_name(m));
+    return;
+  }
+#else
+  (void)choice;
+#endif
+  std::printf("  KVLAYER_MUTANT=%s is ignored: this build has no planted mutants\n", env);
 }
 
 int run_fuzz(const std::vector<std::string>& args) {
@@ -135,6 +175,8 @@ int run_fuzz(const std::vector<std::string>& args) {
   config.seed = std::uint64_t(o.integer("seed", 1, 0, INT64_MAX));
   config.max_size = int(o.integer("max-size", 150, 1, 10000));
   config.replay_dir = o.get("replay-dir").value_or(".");
+  // Before anything runs: a failure found later must have somewhere to go.
+  harness::check_replay_dir(config.replay_dir);
   const SystemChoice choice = choose_system(o.flag("reference-only"));
   config.make_system = choice.factory;
   std::printf(
@@ -142,16 +184,26 @@ int run_fuzz(const std::vector<std::string>& args) {
       (long long)config.cases,
       config.minutes > 0 ? (" or " + std::to_string(config.minutes) + " minutes").c_str() : "");
   std::printf("  %s\n", choice.description.c_str());
-  if (const char* m = std::getenv("KVLAYER_MUTANT"); m != nullptr && *m != '\0')
-    std::printf("  planted mutant armed: %s (a KVLAYER_MUTANTS=ON build)\n", m);
+  print_mutant_note(choice);
+  std::fflush(stdout);
   Progress progress(config.cases, config.minutes);
   config.on_progress = [&](std::int64_t done, const harness::Stats& s) {
     progress.update(done, s);
   };
+  // The shrunk sequence goes out before the replay file is written: it is the record of the
+  // failure if the file cannot be.
+  config.on_failure = [&](const std::string& report) {
+    progress.finish();
+    std::printf("\n%s\n", report.c_str());
+    std::fflush(stdout);
+  };
   const harness::CampaignResult r = harness::run_campaign(config);
   progress.finish();
-  if (!r.passed) std::printf("\n%s\n", r.report.c_str());
   print_summary(r, choice.sides);
+  if (!r.replay_error.empty()) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "kvlayer fuzz: %s\n", r.replay_error.c_str());
+  }
   return r.passed ? kExitOk : kExitFailure;
 }
 

@@ -17,6 +17,12 @@ constexpr std::string_view kUsage =
     "  when a GPU is present, the CUDA KvLayer, printing one line per command and the first\n"
     "  difference. Exit status 0 when both sides agree throughout, 1 otherwise.\n";
 
+/// The accuracy bound's tightness over the decodes compared with a bound (none on the
+/// reference alone), as the line `kvlayer fuzz` prints.
+void print_tightness(const harness::Stats& s) {
+  if (s.tightness.elements() > 0) std::printf("%s\n", s.tightness.summary().c_str());
+}
+
 int run_replay(const std::vector<std::string>& args) {
   // The file is the one positional argument: `kvlayer replay FILE [--reference-only]`.
   if (args.empty() || args.front().rfind("--", 0) == 0)
@@ -36,10 +42,12 @@ int run_replay(const std::vector<std::string>& args) {
                 diff ? "MISMATCH" : "ok");
     if (diff) {
       std::printf("\n%s\n", diff->c_str());
+      print_tightness(executor.stats());
       return kExitFailure;
     }
   }
   std::printf("\nall %zu commands agree (%s)\n", c.commands.size(), choice.sides.c_str());
+  print_tightness(executor.stats());
   return kExitOk;
 }
 

@@ -1,0 +1,172 @@
+// The campaign behind `kvlayer fuzz` never loses a found failure: the replay directory is
+// checked before the first case, the shrunk sequence reaches on_failure before the replay file
+// is written, a write failure is named as such (the case stays in the scratch file), and the
+// result counts the passing cases that ran before the failure. A found failure is forced by a
+// system that gets every state wrong (the reference-only campaign cannot fail).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "kvlayer/error.hpp"
+#include "kvlayer/harness/campaign.hpp"
+#include "kvlayer/harness/replay_file.hpp"
+
+namespace kvlayer::harness {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Keeps nothing: its snapshot (empty planes) differs from the model after any command.
+class ForgetfulSystem : public System {
+ public:
+  explicit ForgetfulSystem(const Case& c)
+      : outputs_(std::size_t(c.n_q_heads) * std::size_t(c.geometry.head_dim_v), 0.0f) {}
+  void append(const HostRows&) override {}
+  void append_dc(const HostRows&, bool) override {}
+  void inc_seqlen() override {}
+  void account_steps(std::int64_t) override {}
+  void reserve(std::int64_t) override {}
+  void rewind(std::int64_t) override {}
+  std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t, std::int64_t) override {
+    return {0, 0};
+  }
+  bool can_rewind_to(std::int64_t) override { return false; }
+  std::vector<float> decode(DecodeVariant, std::span<const float>) override { return outputs_; }
+  std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>&,
+                                              bool) override {
+    return std::vector<std::vector<float>>(rows.size(), outputs_);
+  }
+  void clear_status() override {}
+  Snapshot snapshot() override { return {}; }
+  ref::AccumulationShape accumulation_shape(DecodeVariant) override { return {}; }
+
+ private:
+  std::vector<float> outputs_;
+};
+
+class Campaign : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("kvlayer_campaign_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  /// Small cases; the first `honest_cases` cases run on the reference alone (and pass), every
+  /// later one (the shrink's runs too) against a ForgetfulSystem.
+  CampaignConfig config(int honest_cases) {
+    CampaignConfig c;
+    c.seed = 5;
+    c.cases = 1000;
+    c.max_size = 12;
+    c.limits.max_kv_heads = 2;
+    c.limits.max_ctx = 48;
+    c.replay_dir = dir_.string();
+    c.make_system = [this, honest_cases](const Case& k) -> std::unique_ptr<System> {
+      if (systems_made_++ < honest_cases) return nullptr;
+      return std::make_unique<ForgetfulSystem>(k);
+    };
+    c.on_progress = [this](std::int64_t done, const Stats& totals) {
+      progress_cases_ = done;
+      progress_commands_ = total_commands(totals);
+    };
+    return c;
+  }
+
+  static std::int64_t total_commands(const Stats& s) {
+    std::int64_t n = 0;
+    for (const auto& [kind, count] : s.commands) n += count;
+    return n;
+  }
+
+  /// The files left in the replay directory (names only).
+  std::vector<std::string> files() const {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_))
+      names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path dir_;
+  int systems_made_ = 0;
+  std::int64_t progress_cases_ = 0, progress_commands_ = 0;
+};
+
+TEST_F(Campaign, AMissingReplayDirIsRefusedBeforeTheFirstCase) {
+  CampaignConfig c = config(0);
+  c.replay_dir = (dir_ / "missing").string();
+  try {
+    run_campaign(c);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "replay dir " + c.replay_dir + ": does not exist");
+    EXPECT_EQ(e.kind(), ErrorKind::io);
+  }
+  EXPECT_EQ(systems_made_, 0) << "a case ran before the check";
+}
+
+TEST_F(Campaign, AReplayDirThatIsAFileIsRefused) {
+  std::ofstream(dir_ / "plain").put('x');
+  CampaignConfig c = config(0);
+  c.replay_dir = (dir_ / "plain").string();
+  try {
+    run_campaign(c);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "replay dir " + c.replay_dir + ": is not a directory");
+  }
+  EXPECT_EQ(systems_made_, 0);
+}
+
+TEST_F(Campaign, AFailureIsReportedBeforeItsReplayFileAndCountsWhatRan) {
+  CampaignConfig c = config(30);
+  const fs::path replay = dir_ / "failure-seed-5.json";
+  int failures_seen = 0;
+  c.on_failure = [&](const std::string& report) {
+    ++failures_seen;
+    EXPECT_FALSE(report.empty());
+    EXPECT_FALSE(fs::exists(replay)) << "the replay file was written before the report";
+  };
+  const CampaignResult r = run_campaign(c);
+  ASSERT_FALSE(r.passed);
+  EXPECT_EQ(failures_seen, 1);
+  EXPECT_EQ(r.replay_error, "");
+  EXPECT_EQ(r.replay_file, replay.string());
+  EXPECT_EQ(files(), std::vector<std::string>{"failure-seed-5.json"}) << "scratch file left";
+  const Case saved = read_replay_file(r.replay_file);
+  EXPECT_EQ(saved.commands.size(), r.shrunk_commands);
+  EXPECT_GE(r.shrunk_commands, 1u);
+  EXPECT_GE(r.failing_commands, r.shrunk_commands);
+  // The passing cases before the failure: counted, and no run of the shrink among them.
+  EXPECT_GE(r.cases, 30);
+  EXPECT_EQ(r.cases, progress_cases_);
+  EXPECT_GT(total_commands(r.stats), 0);
+  EXPECT_EQ(total_commands(r.stats), progress_commands_);
+}
+
+TEST_F(Campaign, AReplayFileThatCannotBeWrittenIsNamedAndTheCaseKept) {
+  CampaignConfig c = config(0);
+  const fs::path replay = dir_ / "failure-seed-5.json";
+  // A directory in the file's place: no one, root included, can write the file.
+  c.on_failure = [&](const std::string&) { fs::create_directories(replay / "occupied"); };
+  const CampaignResult r = run_campaign(c);
+  ASSERT_FALSE(r.passed);
+  EXPECT_EQ(r.replay_file, "");
+  const std::string scratch = replay.string() + ".partial-" + std::to_string(::getpid());
+  EXPECT_EQ(r.replay_error, "replay file " + replay.string() +
+                                ": cannot be written (the shrunk case is in " + scratch + ")");
+  EXPECT_EQ(read_replay_file(scratch).commands.size(), r.shrunk_commands);
+  EXPECT_GE(r.shrunk_commands, 1u);
+}
+
+}  // namespace
+}  // namespace kvlayer::harness
