@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: the model-based campaign in parallel (one `kvlayer fuzz` process per
-# seed, all sharing the GPU), then a table of cases, cases per minute and failures.
+# seed, all sharing the GPU), then a table of cases, cases per minute and failures, and each
+# process's "bound tightness:" line. A process that ran the reference alone (no GPU) counts as
+# failing: it compared nothing with the CUDA layer.
 #   tools/device-campaign.sh BUILD_DIR PROCESSES MINUTES [FIRST_SEED]
 # Failing cases' replay files and each process's summary land in $OUT (or ./campaign-out).
 set -uo pipefail
@@ -31,7 +33,15 @@ for f in "$out"/campaign/fuzz-*.log; do
   worst=$(awk -F'  +' '/largest decode error\/bound/ {print $3}' "$f")
   printf '%-8s %8s %10s %9s %12s %s\n' "$seed" "${cases:-?}" "${rate:-?}" "${fails:-?}" "${bytes:-?}" "${worst:-?}"
   total=$((total + ${cases:-0}))
-  [[ "${fails:-1}" == 0 ]] || failed=$((failed + 1))
+  sides=$(awk -F'  +' '$2 == "sides" {print $3}' "$f")
+  if [[ "${fails:-1}" != 0 || "$sides" != "reference + CUDA" ]]; then failed=$((failed + 1)); fi
+done
+echo
+echo "bound tightness (by seed):"
+for f in "$out"/campaign/fuzz-*.log; do
+  seed=${f##*/fuzz-}
+  seed=${seed%.log}
+  grep -aE '^bound tightness:' "$f" | sed "s|^|  seed $seed: |" || echo "  seed $seed: (none printed)"
 done
 echo "campaign: $procs processes x $minutes min: $total cases in $secs s" \
      "($((total * 60 / (secs > 0 ? secs : 1))) cases/min overall), failing processes: $failed"

@@ -3,8 +3,11 @@
 #   1. every GoogleTest binary in BUILD/bin, in parallel (the CPU-only ones too);
 #   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU test binaries,
 #      with gtest filters that keep each under a few minutes, the four tools in parallel;
-#   3. one summary table (step, result, seconds), also written to $OUT/summary.txt.
-# Exit status: 0 only if every step passed.
+#   3. one summary table (step, result, seconds), also written to $OUT/summary.txt, and the
+#      "bound tightness:" lines the test binaries printed, labelled by step.
+# Exit status: 0 only if every step passed. A step whose GoogleTest run skipped tests, or ran
+# none, is a failure here ("all skipped", "N skipped", "no tests ran"): on the H200 every test
+# is meant to run. A missing compute-sanitizer is a failure (MISSING), not a pass.
 #
 # Usage: tools/device-check-remote.sh [BUILD_DIR] [ORIGIN_ROOT]
 #   BUILD_DIR    the build folder whose bin/ was carried (default build-device)
@@ -31,7 +34,7 @@ sanitize_sequential=${KVLAYER_SANITIZE_SEQUENTIAL:-0}  # 1: one tool at a time
 mkdir -p "$out"
 work=$(mktemp -d)
 results="$work/results"
-mkdir -p "$results" "$work/logs"
+mkdir -p "$results" "$work/logs" "$work/tightness"
 t0=$(date +%s)
 
 # Absolute paths baked in at build time resolve to this checkout.
@@ -39,23 +42,49 @@ if [[ -n "$origin" && "$origin" != "$PWD" && ! -e "$origin" ]]; then
   mkdir -p "$(dirname "$origin")" && ln -s "$PWD" "$origin"
 fi
 
+# gtest_result RC LOG: the step's result from its exit status and GoogleTest's totals in LOG.
+# Skipped tests make a failure, whatever the exit status: the GPU binaries exit 77 when they
+# skipped (tests/cuda/gpu_test_main.cpp), others (GTest::gtest_main) exit 0.
+gtest_result() {
+  local rc=$1 log=$2 passed skipped
+  passed=$(grep -aE '^\[  PASSED  \] [0-9]+ tests?\.' "$log" | tail -n 1 | grep -oE '[0-9]+' | head -n 1)
+  skipped=$(grep -aE '^\[  SKIPPED \] [0-9]+ tests?,' "$log" | tail -n 1 | grep -oE '[0-9]+' | head -n 1)
+  case $rc in
+    124 | 137) echo "TIMEOUT(${3}s)"; return ;;
+    0 | 77) ;;
+    *) echo "FAIL(rc=$rc)"; return ;;
+  esac
+  if [[ ${skipped:-0} -gt 0 && ${passed:-0} -eq 0 ]]; then
+    echo "FAIL(all skipped)"
+  elif [[ ${skipped:-0} -gt 0 ]]; then
+    echo "FAIL($skipped skipped)"
+  elif [[ $rc != 0 ]]; then
+    echo "FAIL(rc=$rc)"
+  elif [[ -n $passed && $passed -eq 0 ]]; then
+    echo "FAIL(no tests ran)"
+  else
+    echo PASS
+  fi
+}
+
 # run_step NAME LOG TIMEOUT CMD...: runs CMD with a timeout, appends its output to LOG under a
-# header, and records "NAME|RESULT|SECONDS" for the summary.
+# header, and records "NAME|RESULT|SECONDS" for the summary, and the "bound tightness:" lines
+# of plain test steps (the sanitizer steps rerun subsets of the same tests).
 run_step() {
   local name=$1 log=$2 limit=$3
   shift 3
-  local start end rc result
+  local start end rc result file
   start=$(date +%s.%N)
   timeout -k 10 "$limit" "$@" >"$log" 2>&1
   rc=$?
   end=$(date +%s.%N)
-  case $rc in
-    0) result=PASS ;;
-    124 | 137) result="TIMEOUT(${limit}s)" ;;
-    *) result="FAIL(rc=$rc)" ;;
-  esac
+  result=$(gtest_result "$rc" "$log" "$limit")
+  file=$(echo "$name" | tr ' /()' '____')
   printf '%s|%s|%s\n' "$name" "$result" "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')" \
-    >"$results/$(echo "$name" | tr ' /' '__')"
+    >"$results/$file"
+  if [[ $name == test\ * ]]; then
+    grep -aE '^bound tightness:' "$log" | sed "s|^|$name: |" >"$work/tightness/$file" || true
+  fi
 }
 
 # ---- environment -----------------------------------------------------------------------------
@@ -81,6 +110,9 @@ for b in "$build"/bin/*; do
   if timeout 30 "$b" --gtest_list_tests >/dev/null 2>&1; then binaries+=("$b"); fi
 done
 echo "test binaries: ${binaries[*]##*/}"
+if ((${#binaries[@]} == 0)); then
+  printf '%s|%s|%s\n' "test binaries" "FAIL(none in $build/bin)" "0" >"$results/binaries"
+fi
 ((sanitize_only)) || for b in "${binaries[@]}"; do
   run_step "test ${b##*/}" "$work/logs/test_${b##*/}.log" "$test_timeout" \
     "$b" --gtest_color=no &
@@ -139,7 +171,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   done
   wait
 else
-  printf '%s|%s|%s\n' "compute-sanitizer" "SKIP(not installed)" "0" >"$results/sanitizer"
+  printf '%s|%s|%s\n' "compute-sanitizer" "MISSING(not installed)" "0" >"$results/sanitizer"
 fi
 
 # ---- logs back: at most 8 files, 16 MiB each ------------------------------------------------------
@@ -164,19 +196,27 @@ failed=0
 {
   cat "$work/env.txt"
   echo
-  printf '%-50s %-20s %8s\n' "step" "result" "seconds"
-  printf '%-50s %-20s %8s\n' "----" "------" "-------"
+  printf '%-50s %-24s %8s\n' "step" "result" "seconds"
+  printf '%-50s %-24s %8s\n' "----" "------" "-------"
   for f in "$results"/*; do
     IFS='|' read -r name result secs <"$f"
-    printf '%-50s %-20s %8s\n' "$name" "$result" "$secs"
-    [[ $result == PASS || $result == SKIP* ]] || failed=1
+    printf '%-50s %-24s %8s\n' "$name" "$result" "$secs"
+    [[ $result == PASS ]] || failed=1
   done
-  printf '%-50s %-20s %8s\n' "total" "$([[ $failed == 0 ]] && echo PASS || echo FAIL)" "$(($(date +%s) - t0))"
+  printf '%-50s %-24s %8s\n' "total" "$([[ $failed == 0 ]] && echo PASS || echo FAIL)" "$(($(date +%s) - t0))"
 } >"$out/summary.txt"
 # Failing test names, so that the summary alone says what broke.
 grep -h '^\[  FAILED  \] [A-Za-z]' "$work"/logs/test_*.log 2>/dev/null | grep -v ' ms)$' | sort -u | head -40 >"$work/failed.txt" || true
 if [[ -s "$work/failed.txt" ]]; then
   { echo; echo "failed tests:"; cat "$work/failed.txt"; } >>"$out/summary.txt"
+fi
+grep -h '^\[  SKIPPED \] [A-Za-z]' "$work"/logs/test_*.log 2>/dev/null | grep -v ' ms)$' | sort -u >"$work/skipped.txt" || true
+if [[ -s "$work/skipped.txt" ]]; then
+  { echo; echo "skipped tests ($(wc -l <"$work/skipped.txt"), the first 20):"; head -20 "$work/skipped.txt"; } >>"$out/summary.txt"
+fi
+cat "$work"/tightness/* 2>/dev/null | sort >"$work/tightness.txt" || true
+if [[ -s "$work/tightness.txt" ]]; then
+  { echo; echo "bound tightness (by step):"; sed 's/^/  /' "$work/tightness.txt"; } >>"$out/summary.txt"
 fi
 grep -h 'ERROR SUMMARY: [1-9]' "$work"/logs/{memcheck,racecheck,synccheck,initcheck}_*.log 2>/dev/null | head -8 >"$work/san.txt" || true
 if [[ -s "$work/san.txt" ]]; then
