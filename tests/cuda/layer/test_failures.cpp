@@ -184,7 +184,7 @@ TEST_F(CudaFailures, ConstructionFailingAtEachCheckedCallNamesItAndLeavesNothing
 }
 
 TEST_F(CudaFailures, RealOutOfMemoryConstructionIsReportedOnceAndLeavesNothing) {
-  // No injection: K and V planes of twice the device's memory really fail to allocate.
+  // No injection: a K plane of twice the device's memory really fails to allocate.
   Stream stream;
   const Geometry small = flat(2, 128, 256);
   warm_up(small, 8, stream.get());
@@ -197,7 +197,7 @@ TEST_F(CudaFailures, RealOutOfMemoryConstructionIsReportedOnceAndLeavesNothing) 
   const std::string m = device_error_of([&] { cuda::KvLayer l(huge, 8, stream.get()); });
   EXPECT_EQ(m, "cudaMalloc(&p, bytes): out of memory");
   EXPECT_EQ(fault::live_buffers(), 0);
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the reported failure stays the runtime's error";
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the reported failure is still the last error";
   // The next launches are not blamed for it: a fresh layer appends, decodes and reads back.
   Rng rng(0xBEEF);
   cuda::KvLayer gpu(small, 8, stream.get());
