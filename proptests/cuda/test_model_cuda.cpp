@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "cuda_system.hpp"
+#include "gpu_test_support.hpp"
 #include "kvlayer/harness/campaign.hpp"
 
 namespace kvlayer::harness {
@@ -30,6 +31,7 @@ TEST(ModelCuda, RandomSequencesMatchTheReferenceByteForByte) {
             << ", decodes " << r.stats.decodes_compared << ", graph replays "
             << r.stats.graph_replays << ", worst error/bound " << r.stats.worst_error_ratio
             << ", seconds " << r.seconds << "\n";
+  kvlayer::testing::bound_tightness().add(r.stats.tightness);  // printed by the shared main
   EXPECT_TRUE(r.passed) << r.report << "\nreplay: " << r.replay_file;
   EXPECT_GT(r.stats.bytes_compared, 0);
   EXPECT_GT(r.stats.decodes_compared, 0);
