@@ -16,7 +16,8 @@
 # Environment: OUT (logs; default ./device-check-out), KVLAYER_TEST_TIMEOUT (s per binary,
 # default 240), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 200),
 # KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
-# (processes they are split over, default 1), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
+# (processes they are split over, default 1), KVLAYER_SANITIZE_SHARDS_<TOOL> (the same for one
+# tool; racecheck defaults to 16), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
 # KVLAYER_SANITIZE_SEQUENTIAL=1 (the four tools one after another, for many shards),
 # KVLAYER_SANITIZE_MAX_SIZE_<TOOL> (commands in the largest model case under TOOL, default 150),
 # KVLAYER_SANITIZE_<TOOL>_<BINARY> (a gtest filter overriding the built-in one).
@@ -26,7 +27,7 @@ build=${1:-build-device}
 origin=${2:-}
 out=${OUT:-$PWD/device-check-out}
 test_timeout=${KVLAYER_TEST_TIMEOUT:-240}
-sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-200}
+sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-300}
 sanitize_cases=${KVLAYER_SANITIZE_GPU_CASES:-25}  # model-based cases under each sanitizer
 sanitize_shards=${KVLAYER_SANITIZE_SHARDS:-1}     # processes they are split over, per tool
 sanitize_only=${KVLAYER_SANITIZE_ONLY:-0}         # 1: skip the plain test runs
@@ -151,10 +152,14 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         [[ -n "$filter" ]] || continue
         if [[ ${b##*/} == test_model_cuda ]]; then
           # The random cases split over processes with their own seeds (the tool is slow).
-          for ((shard = 0; shard < sanitize_shards; ++shard)); do
+          # racecheck is the slowest tool: by default its cases are spread over 16 processes
+          # (25 cases of up to 150 commands in one process outran 330 s on the H200).
+          shards_var="KVLAYER_SANITIZE_SHARDS_${tool^^}"
+          shards=${!shards_var:-$([[ $tool == racecheck ]] && echo 16 || echo "$sanitize_shards")}
+          for ((shard = 0; shard < shards; ++shard)); do
             size_var="KVLAYER_SANITIZE_MAX_SIZE_${tool^^}"
             run_step "$tool ${b##*/} shard $shard" "$work/logs/${tool}_${b##*/}_$shard.log" \
-              "$sanitize_timeout" env KVLAYER_GPU_CASES=$(((sanitize_cases + sanitize_shards - 1) / sanitize_shards)) \
+              "$sanitize_timeout" env KVLAYER_GPU_CASES=$(((sanitize_cases + shards - 1) / shards)) \
               KVLAYER_GPU_SEED=$((20261129 + 7919 * shard)) KVLAYER_GPU_MAX_SIZE="${!size_var:-150}" \
               compute-sanitizer --tool "$tool" --error-exitcode 1 \
               "$b" --gtest_color=no --gtest_filter="$filter" &
