@@ -14,7 +14,7 @@
 #   ORIGIN_ROOT  the repo root where the binaries were built: absolute source paths compiled
 #                into tests (and CTest files) point there, so it is linked to this checkout.
 # Environment: OUT (logs; default ./device-check-out), KVLAYER_TEST_TIMEOUT (s per binary,
-# default 240), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 200),
+# default 240), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 300),
 # KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
 # (processes they are split over, default 1), KVLAYER_SANITIZE_SHARDS_<TOOL> (the same for one
 # tool; racecheck defaults to 16), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
