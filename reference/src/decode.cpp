@@ -10,6 +10,7 @@
 #include "kvlayer/half.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
+#include "kvlayer/reference/quantize.hpp"
 
 namespace kvlayer::ref {
 namespace {
@@ -55,8 +56,8 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view)
         layer.v_plane().data() + phys * g.v_tok_bytes() +
         std::int64_t(kv_head) * (g.head_dim_v / kBlockValues) * kQ5_1BlockBytes;
     for (int b = 0; b < g.head_dim_v; b += kBlockValues) {
-      const std::uint8_t* block = v_row + (b / kBlockValues) * kQ5_1BlockBytes;
-      const double m = f16_bits_to_f32(std::uint16_t(block[2] | (block[3] << 8)));
+      const double m = q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes>(
+          v_row + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes));
       for (int j = 0; j < kBlockValues; ++j) {
         const double x = v[std::size_t(b + j)];
         c.v(t, b + j) = x;
@@ -288,12 +289,6 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
   return r;
 }
 
-std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q, int n_q_heads,
-                                     std::optional<float> scale, const DecodeView& view,
-                                     const AccumulationShape& shape) {
-  return decode_bound(layer, q, n_q_heads, scale, view, shape).bound;
-}
-
 void BoundTightness::record(double err, double bound, double exact_q, double max_abs_v) {
   ++elements_;
   // An all-zero column admits only 0, so a zero bound there is exact, not vacuous.
@@ -303,13 +298,6 @@ void BoundTightness::record(double err, double bound, double exact_q, double max
   headroom_max_ = std::max(headroom_max_, h);
   ++histogram_[std::size_t(std::min(kBins - 1, int(h * kBins)))];
   ++headroom_count_;
-}
-
-void BoundTightness::record_all(std::span<const double> want, std::span<const float> got,
-                                const DecodeBound& b) {
-  for (std::size_t i = 0; i < want.size() && i < got.size(); ++i)
-    if (!std::isnan(want[i]))
-      record(std::fabs(double(got[i]) - want[i]), b.bound[i], b.exact_q[i], b.max_abs_v[i]);
 }
 
 void BoundTightness::add(const BoundTightness& o) {
@@ -339,7 +327,5 @@ std::string BoundTightness::summary() const {
                 100 * vacuous_fraction(), headroom_max_, headroom_median());
   return buf;
 }
-
-
 
 }  // namespace kvlayer::ref

@@ -102,10 +102,14 @@ void dequantize_q8_0_block(std::span<const std::uint8_t, kQ8_0BlockBytes> in,
   for (int j = 0; j < kBlockValues; ++j) out[j] = d * float(std::int8_t(in[2 + j]));
 }
 
+float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in) {
+  return f16_bits_to_f32(load_u16(in.data() + 2));
+}
+
 void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
                            std::span<float, kBlockValues> out) {
   const float d = f16_bits_to_f32(load_u16(in.data()));
-  const float m = f16_bits_to_f32(load_u16(in.data() + 2));
+  const float m = q5_1_block_min(in);
   std::uint32_t qh = 0;
   for (int b = 0; b < 4; ++b) qh |= std::uint32_t(in[4 + b]) << (8 * b);
   for (int j = 0; j < kBlockValues; ++j) {

@@ -1,7 +1,7 @@
 // CUTLASS-style testbed for the split-K decode kernel: builds a cache on the reference KvLayer,
 // copies its planes to the device, poisons the output and the scratch, launches the decode
 // (host-len or device-counter mode) and verifies against the float64 reference within the
-// declared accuracy contract (kvlayer::ref::decode_tolerance).
+// declared accuracy contract (kvlayer::ref::decode_bound).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -99,11 +99,6 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
                          std::optional<float> scale, const DecodeView& view,
                          const AccumulationShape& shape);
 
-/// decode_bound(...).bound.
-std::vector<double> decode_tolerance(const KvLayer& layer, std::span<const float> q,
-                                     int n_q_heads, std::optional<float> scale,
-                                     const DecodeView& view, const AccumulationShape& shape);
-
 /// How tight the bound was over many compared elements (SPEC §10.6: a bound that admits any
 /// convex combination proves nothing). Summed by the harness and the GPU test suites, and
 /// printed as one line by summary().
@@ -111,8 +106,6 @@ class BoundTightness {
  public:
   /// One compared element: a finite reference value, the system's error and its bound.
   void record(double err, double bound, double exact_q, double max_abs_v);
-  /// Every element of one decode (elements whose reference value is NaN are skipped).
-  void record_all(std::span<const double> want, std::span<const float> got, const DecodeBound& b);
   void add(const BoundTightness& other);
 
   std::int64_t elements() const { return elements_; }

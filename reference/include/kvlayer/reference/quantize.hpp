@@ -26,6 +26,9 @@ void dequantize_q8_0_block(std::span<const std::uint8_t, kQ8_0BlockBytes> in,
 void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
                            std::span<float, kBlockValues> out);
 
+/// A q5_1 block's minimum m as f32 (its fp16 field, SPEC §2).
+float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in);
+
 /// Block-type tag used by the row helpers and the CLI.
 enum class BlockType : std::uint8_t { q8_0, q5_1 };
 
