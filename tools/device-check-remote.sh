@@ -45,7 +45,7 @@ fi
 
 # gtest_result RC LOG: the step's result from its exit status and GoogleTest's totals in LOG.
 # Skipped tests make a failure, whatever the exit status: the GPU binaries exit 77 when they
-# skipped (tests/cuda/gpu_test_main.cpp), others (GTest::gtest_main) exit 0.
+# skipped (testing/src/gpu_test_main.cpp), others (GTest::gtest_main) exit 0.
 gtest_result() {
   local rc=$1 log=$2 passed skipped
   passed=$(grep -aE '^\[  PASSED  \] [0-9]+ tests?\.' "$log" | tail -n 1 | grep -oE '[0-9]+' | head -n 1)

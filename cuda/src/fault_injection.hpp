@@ -1,4 +1,4 @@
-// Fault injection for the failure-path tests (tests/cuda/layer/test_failures.cpp). Only the
+// Fault injection for the failure-path tests (tests/layer/test_failures_cuda.cpp). Only the
 // kvlayer_cuda_fault library is built with KVLAYER_FAULT_INJECTION: there every CUDA call that
 // KVLAYER_CUDA_TRY / KVLAYER_CUDA_TRY_NAMED checks asks this injector first, and an armed fault
 // makes the call return its error WITHOUT running (a failed call has no effect), so that the

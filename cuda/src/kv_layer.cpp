@@ -16,11 +16,11 @@
 
 #include "append_kernel.hpp"
 #include "counters.hpp"
-#include "cuda_raii.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "decode/decode.hpp"
 #include "device_status.cuh"
 #include "kvlayer/error.hpp"
-#include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/accuracy.hpp"
 #include "mutants.hpp"
 #include "plane_layout.hpp"
 #include "rebase.hpp"
@@ -31,7 +31,7 @@ namespace {
 
 using detail::AppendArgs;
 using detail::AppendMode;
-using detail::DeviceBuffer;
+using cuda::DeviceBuffer;
 using detail::DeviceStatus;
 using detail::Placement;
 
@@ -435,7 +435,7 @@ DecodePlanInfo KvLayer::decode_plan() const {
   return DecodePlanInfo{p.max_view_keys, p.n_splits, p.max_keys_per_split, p.scratch_bytes};
 }
 
-ref::AccumulationShape KvLayer::accumulation_shape() const {
+kvlayer::AccumulationShape KvLayer::accumulation_shape() const {
   return detail::accumulation_shape(s_->decode_plan);
 }
 

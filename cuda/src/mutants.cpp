@@ -7,7 +7,7 @@
 #include <mutex>
 #include <string>
 
-#include "cuda_check.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/half.hpp"
 

@@ -3,7 +3,7 @@
 //
 // The arithmetic goes through the small `ops` layer below: on the device it is the CUDA
 // intrinsics with explicit IEEE rounding; host code may instead include
-// tests/cuda/layer/quantize_host_ops.hpp first (it defines KVLAYER_QUANTIZE_HOST_OPS and the same
+// tests/quantize/quantize_host_ops.hpp first (it defines KVLAYER_QUANTIZE_HOST_OPS and the same
 // ops in host f32 arithmetic), so that these exact functions are checked against the reference
 // without a GPU.
 //

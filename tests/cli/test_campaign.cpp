@@ -43,7 +43,7 @@ class ForgetfulSystem : public System {
   }
   void clear_status() override {}
   Snapshot snapshot() override { return {}; }
-  ref::AccumulationShape accumulation_shape(DecodeVariant) override { return {}; }
+  kvlayer::AccumulationShape accumulation_shape(DecodeVariant) override { return {}; }
 
  private:
   std::vector<float> outputs_;

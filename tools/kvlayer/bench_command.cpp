@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "cuda_raii.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "decode_step.hpp"
 #include "gpu_timing.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
@@ -25,9 +25,9 @@
 namespace kvlayer::cli {
 namespace {
 
-using cuda::detail::DeviceBuffer;
-using cuda::detail::Event;
-using cuda::detail::Stream;
+using cuda::DeviceBuffer;
+using cuda::Event;
+using cuda::Stream;
 
 constexpr std::string_view kUsage =
     "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--decode-only KEYS [--shape S]]\n"
@@ -161,7 +161,7 @@ struct Bench {
     KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
     KVLAYER_CUDA_TRY(cudaStreamBeginCapture(s(), cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < count; ++i) f(i);
-    const auto graph = cuda::detail::Graph::end_capture(s());
+    const auto graph = cuda::Graph::end_capture(s());
     return median_us(s(), 3, std::max(5, reps / 5), [&](int) { graph.launch(s()); }) / count;
   }
 

@@ -2,7 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "cuda_check.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 
 namespace kvlayer::cli {
 
@@ -13,12 +13,12 @@ void decode_step(cuda::KvLayer& layer, const cuda::RowsView& row, const float* q
   windowed ? layer.decode_dcw(q, out) : layer.decode_dc(q, out);
 }
 
-cuda::detail::Graph capture_decode_step(cuda::KvLayer& layer, const cuda::RowsView& row,
+cuda::Graph capture_decode_step(cuda::KvLayer& layer, const cuda::RowsView& row,
                                         const float* q, float* out) {
   KVLAYER_CUDA_TRY(cudaStreamSynchronize(layer.stream()));
   KVLAYER_CUDA_TRY(cudaStreamBeginCapture(layer.stream(), cudaStreamCaptureModeThreadLocal));
   decode_step(layer, row, q, out);
-  return cuda::detail::Graph::end_capture(layer.stream());
+  return cuda::Graph::end_capture(layer.stream());
 }
 
 }  // namespace kvlayer::cli

@@ -1,7 +1,7 @@
 // One engine decode step on device counters, for `kvlayer bench` and `kvlayer soak`.
 #pragma once
 
-#include "cuda_raii.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
 
 namespace kvlayer::cli {
@@ -11,7 +11,7 @@ namespace kvlayer::cli {
 void decode_step(cuda::KvLayer& layer, const cuda::RowsView& row, const float* q, float* out);
 
 /// decode_step captured once as a graph on the layer's stream (synchronized first).
-cuda::detail::Graph capture_decode_step(cuda::KvLayer& layer, const cuda::RowsView& row,
+cuda::Graph capture_decode_step(cuda::KvLayer& layer, const cuda::RowsView& row,
                                         const float* q, float* out);
 
 }  // namespace kvlayer::cli

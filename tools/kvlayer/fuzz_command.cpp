@@ -1,4 +1,4 @@
-// kvlayer fuzz: the model-based campaign (proptests/harness): random append / rewind / rebase
+// kvlayer fuzz: the model-based campaign (harness/): random append / rewind / rebase
 // / decode / graph sequences on the reference and, when a GPU is present, the CUDA layer,
 // compared after every command; a failure is shrunk and saved as a replay file.
 #include <unistd.h>

@@ -4,11 +4,11 @@
 #include <cstddef>
 #include <vector>
 
-#include "cuda_raii.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 
 namespace kvlayer::cli {
 
-using cuda::detail::Event;
+using cuda::Event;
 
 /// Median of `reps` timed calls of f(i) after `warmup` untimed ones, each bracketed by events.
 double median_us(cudaStream_t s, int warmup, int reps, const std::function<void(int)>& f) {

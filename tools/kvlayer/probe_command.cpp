@@ -14,7 +14,7 @@
 
 #include "access_probe.hpp"
 #include "commands.hpp"
-#include "cuda_raii.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "gpu_timing.hpp"
 #include "kvlayer/error.hpp"
 #include "stream_read.hpp"
@@ -22,8 +22,8 @@
 namespace kvlayer::cli {
 namespace {
 
-using cuda::detail::DeviceBuffer;
-using cuda::detail::Stream;
+using cuda::DeviceBuffer;
+using cuda::Stream;
 
 constexpr std::string_view kUsage =
     "usage: kvlayer probe [--keys N] [--splits S] [--reps N] [--l2-fetch BYTES]\n"

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "commands.hpp"
-#include "cuda_raii.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "decode_step.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/error.hpp"
@@ -19,7 +19,7 @@
 namespace kvlayer::cli {
 namespace {
 
-using cuda::detail::DeviceBuffer;
+using cuda::DeviceBuffer;
 
 constexpr std::string_view kUsage =
     "usage: kvlayer soak [--cycles N] [--steps M] [--chain K]\n"
@@ -134,7 +134,7 @@ int run_soak(const std::vector<std::string>& args) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw Error(ErrorKind::device, "no CUDA device found (run it on the GPU machine)");
-  cuda::detail::Stream stream;
+  cuda::Stream stream;
   const auto t0 = std::chrono::steady_clock::now();
   const auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

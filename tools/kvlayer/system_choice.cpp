@@ -1,7 +1,7 @@
 #include "system_choice.hpp"
 
 #ifdef KVLAYER_WITH_CUDA
-#include "cuda_system.hpp"
+#include "kvlayer/harness/cuda_system.hpp"
 #endif
 
 namespace kvlayer::cli {

@@ -1,6 +1,6 @@
 // Split-K flash-decoding over the quantized cache (SPEC §8): K q8_0, V q5_1, one query token.
 //
-// ---- Declared internal precision (the accuracy contract; see reference/.../accuracy.hpp) ----
+// ---- Declared internal precision (the accuracy contract; see kvlayer/accuracy.hpp) ----
 // The tolerance against the float64 reference is derived from exactly these rounding points; a
 // later tensor-core version (mma.sync m16n8k16, f16 operands, f32 accumulators) keeps them.
 //  (1) q is rounded once to fp16 (round-to-nearest-even, subnormals kept). K quants are exact

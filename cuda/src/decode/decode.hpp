@@ -10,7 +10,7 @@
 
 #include "../device_status.cuh"
 
-namespace kvlayer::ref {
+namespace kvlayer {
 struct AccumulationShape;
 }
 
@@ -42,9 +42,9 @@ struct DecodePlan {
   std::int64_t pv_mma_steps = 0;
 };
 
-/// What the accuracy contract needs of a plan (reference/.../accuracy.hpp, rounding points
+/// What the accuracy contract needs of a plan (kvlayer/accuracy.hpp, rounding points
 /// (1)-(5)): every GPU comparison takes its bound's shape from here.
-ref::AccumulationShape accumulation_shape(const DecodePlan& plan);
+kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 
 /// Alignment the decode needs of k_plane, v_plane (it issues 4/8/16-byte vector loads).
 /// NOTE: cudaMalloc pointers qualify; a plane must not start at an offset into a buffer.

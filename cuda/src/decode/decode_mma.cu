@@ -3,7 +3,7 @@
 // the live view, the same partial format (o, m, l) in scratch, the same device-mode checks; the
 // merge kernel of decode.cu serves both.
 //
-// ---- Declared internal precision (reference/.../accuracy.hpp derives the bound from it) -------
+// ---- Declared internal precision (kvlayer/accuracy.hpp derives the bound from it) -------
 //  (1) q is rounded once to fp16 (RNE). K quants are int8, exact in fp16 (converted by the
 //      0x6400 exponent trick: fp16(1024 + 128 + q) − 1152, exact). Per 32-value block the dot
 //      Σ_j q̃_j·qs_j is accumulated in f32 by two mma.sync m16n8k16 (16 products each, f32

@@ -8,7 +8,7 @@
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
 #include "kvlayer/error.hpp"
-#include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/accuracy.hpp"
 
 namespace kvlayer::cuda::detail {
 
@@ -77,8 +77,8 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   return p;
 }
 
-ref::AccumulationShape accumulation_shape(const DecodePlan& plan) {
-  ref::AccumulationShape shape;
+kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan) {
+  kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = plan.max_keys_per_split;
   shape.n_splits = plan.n_splits;
   shape.rescales = plan.max_rescales;

@@ -21,7 +21,7 @@
 // kernel launch fails after a ring rebase, the rebase stays (it overwrote the dropped rows) and
 // nothing is written, i.e. the layer is as reserve(rows.n) leaves it. A sticky error (the
 // context is corrupt, e.g. after an illegal address) fails every later call: such a layer can
-// only be destroyed. tests/cuda/layer/test_failures.cpp injects each failure.
+// only be destroyed. tests/layer/test_failures_cuda.cpp injects each failure.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,7 +37,7 @@
 #include "kvlayer/geometry.hpp"
 #include "kvlayer/status.hpp"
 
-namespace kvlayer::ref {
+namespace kvlayer {
 struct AccumulationShape;
 }
 
@@ -169,8 +169,8 @@ class KvLayer {
   std::int64_t max_keys_per_split() const { return decode_plan().max_keys_per_split; }
   /// The accumulation shape of this layer's decode (the kernel, its longest chains, rescales
   /// and merged partials), from which ref::decode_bound derives the accuracy bound (include
-  /// kvlayer/reference/accuracy.hpp to use it).
-  ref::AccumulationShape accumulation_shape() const;
+  /// kvlayer/accuracy.hpp to use it).
+  kvlayer::AccumulationShape accumulation_shape() const;
   /// 1/sqrt(head_dim_k) computed in f32, the scale used when none is given.
   float default_scale() const;
 

@@ -1,0 +1,17 @@
+// The CUDA KvLayer behind the harness's System interface (system.hpp).
+#pragma once
+
+#include <memory>
+
+#include "kvlayer/harness/generate.hpp"
+
+namespace kvlayer::harness {
+
+/// True when a CUDA device can be used by this process.
+bool cuda_device_available();
+
+/// A factory making a CudaSystem per case. NOTE: the stream, input staging buffers and the
+/// CUDA context are process-wide, so a case costs only its layer's allocations.
+SystemFactory cuda_system_factory();
+
+}  // namespace kvlayer::harness

@@ -1,0 +1,42 @@
+// rapidcheck generation of whole cases: a geometry per case, then a stateful command sequence
+// (rc::state) whose shrinking removes commands and simplifies their arguments. Shared by the
+// GoogleTest properties (tests/model) and the `kvlayer fuzz` campaign.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kvlayer/harness/commands.hpp"
+#include "kvlayer/harness/executor.hpp"
+#include "kvlayer/harness/system.hpp"
+
+namespace kvlayer::harness {
+
+/// Makes a fresh system for a case; an empty function means "reference only".
+using SystemFactory = std::function<std::unique_ptr<System>(const Case&)>;
+
+/// Limits on what a campaign draws.
+struct DrawLimits {
+  int max_kv_heads = 8;
+  std::int64_t max_ctx = 640;  ///< sequence length is rapidcheck's size (CampaignConfig::max_size)
+};
+
+/// What the property needs besides rapidcheck.
+struct PropertyOptions {
+  SystemFactory make_system;            ///< empty: the reference runs alone
+  std::string replay_path;              ///< where a failing case is written (empty: nowhere)
+  DrawLimits limits;
+  std::function<void(const Stats&)> on_case_done;  ///< called after every passing case
+};
+
+/// The body of the model-based property: draws a case with rapidcheck's generators, runs it
+/// command by command through an Executor, RC_FAILs on the first difference after writing
+/// the replay file. NOTE: call only inside a rapidcheck property.
+void model_based_property(const PropertyOptions& options);
+
+/// The geometry generator alone (used by tests of the generator itself).
+Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads);
+
+}  // namespace kvlayer::harness

@@ -1,0 +1,63 @@
+// The system under test, seen by the harness through host types only: the CUDA KvLayer is
+// adapted to this interface in cuda_system.hpp (kvlayer_harness_cuda), so the harness itself builds without CUDA.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "kvlayer/harness/commands.hpp"
+#include "kvlayer/harness/row_data.hpp"
+#include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/status.hpp"
+
+namespace kvlayer::harness {
+
+/// Everything SPEC §10.1 compares after each command.
+struct Snapshot {
+  std::vector<std::uint8_t> k_plane, v_plane;
+  /// The padding past each plane's last row (vector loads may read it): must stay all zero.
+  std::vector<std::uint8_t> k_tail, v_tail;
+  std::int64_t len = 0, len_d = 0, base = 0, base_d = 0;
+  LayerStatus status;
+};
+
+/// The bit pattern a system writes into decode outputs before a decode runs; an element still
+/// holding it was not written.
+inline constexpr std::uint32_t kPoisonBits = 0x7FC0DEADu;
+
+/// A layer implementation driven by the harness. Every call throws kvlayer::Error exactly where
+/// the reference does (same message); state must then be unchanged.
+class System {
+ public:
+  virtual ~System() = default;
+  virtual void append(const HostRows& rows) = 0;
+  virtual void append_dc(const HostRows& one_row, bool windowed) = 0;
+  virtual void inc_seqlen() = 0;
+  virtual void account_steps(std::int64_t k) = 0;
+  virtual void reserve(std::int64_t k) = 0;
+  virtual void rewind(std::int64_t to) = 0;
+  virtual std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t start,
+                                                              std::int64_t end) = 0;
+  virtual bool can_rewind_to(std::int64_t p) = 0;
+  /// Output [n_q_heads × head_dim_v], poisoned with kPoisonBits before the decode ran.
+  virtual std::vector<float> decode(DecodeVariant variant, std::span<const float> q) = 0;
+  /// Captures one step (append_dc(w) → inc_seqlen → decode_dc(w)) once and replays it once per
+  /// entry of rows/queries, writing the inputs into the captured buffers; returns each step's
+  /// output (poisoned before each replay).
+  virtual std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
+                                                      const std::vector<std::vector<float>>& queries,
+                                                      bool windowed) = 0;
+  /// For the last graph_chain: each step's decode run eagerly on the state the replayed step
+  /// left (same call, same state: must be bit-identical to the replayed output), or empty when
+  /// the system has no eager path to compare.
+  virtual std::vector<std::vector<float>> last_chain_eager() { return {}; }
+  virtual void clear_status() = 0;
+  /// Synchronizes and reads back the whole state.
+  virtual Snapshot snapshot() = 0;
+  /// The decode launch shape that enters the accuracy bound.
+  virtual kvlayer::AccumulationShape accumulation_shape(DecodeVariant variant) = 0;
+};
+
+}  // namespace kvlayer::harness

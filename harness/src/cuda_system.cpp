@@ -1,0 +1,189 @@
+#include "kvlayer/harness/cuda_system.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <bit>
+#include <cstring>
+
+#include "kvlayer/cuda/runtime.hpp"
+#include "kvlayer/cuda/kv_layer.hpp"
+
+namespace kvlayer::harness {
+namespace {
+
+using cuda::DeviceBuffer;
+
+/// Grow-only device staging buffers and the stream, shared by every case of the process.
+struct Shared {
+  cuda::Stream stream;
+  DeviceBuffer k, v, q, out;
+  /// A device buffer of at least `bytes`, reallocated (only) when too small.
+  static void* ensure(DeviceBuffer& b, std::size_t bytes) {
+    if (b.bytes() < bytes) b = DeviceBuffer(std::max<std::size_t>(bytes, 2 * b.bytes()));
+    return b.get();
+  }
+};
+
+Shared& shared() {
+  static Shared s;
+  return s;
+}
+
+void upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
+  KVLAYER_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+class CudaSystem final : public System {
+ public:
+  explicit CudaSystem(const Case& c)
+      : layer_(c.geometry, c.n_q_heads, shared().stream.get()),
+        out_values_(std::size_t(c.n_q_heads) * std::size_t(c.geometry.head_dim_v)),
+        poison_(out_values_.size(), std::bit_cast<float>(kPoisonBits)) {}
+
+  void append(const HostRows& rows) override { layer_.append(stage(rows)); }
+
+  void append_dc(const HostRows& row, bool windowed) override {
+    const cuda::RowsView view = stage(row);
+    windowed ? layer_.append_dcw(view) : layer_.append_dc(view);
+  }
+  void inc_seqlen() override { layer_.inc_seqlen(); }
+  void account_steps(std::int64_t k) override { layer_.account_steps(k); }
+  void reserve(std::int64_t k) override { layer_.reserve(k); }
+  void rewind(std::int64_t to) override { layer_.rewind(to); }
+  std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t s, std::int64_t e) override {
+    return layer_.physical_rows(s, e);
+  }
+  bool can_rewind_to(std::int64_t p) override { return layer_.can_rewind_to(p); }
+
+  std::vector<float> decode(DecodeVariant variant, std::span<const float> q) override {
+    float* dq = static_cast<float*>(Shared::ensure(shared().q, q.size_bytes()));
+    float* dout = poisoned_out();
+    upload(dq, q.data(), q.size_bytes(), stream());
+    run_decode(variant, dq, dout);
+    return download(dout);
+  }
+
+  std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>& queries,
+                                              bool windowed) override {
+    if (!captured_ || graph_windowed_ != windowed) capture(rows.front(), queries.front(), windowed);
+    std::vector<std::vector<float>> outputs;
+    eager_.clear();
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      // New inputs into the buffers the graph captured, then one replay.
+      upload(chain_k_.get(), rows[i].k_bytes.data(), rows[i].k_bytes.size(), stream());
+      upload(chain_v_.get(), rows[i].v_bytes.data(), rows[i].v_bytes.size(), stream());
+      upload(chain_q_.get(), queries[i].data(), queries[i].size() * sizeof(float), stream());
+      upload(chain_out_.get(), poison_.data(), poison_.size() * sizeof(float), stream());
+      graph_.launch(stream());
+      outputs.push_back(download(chain_out_.as<float>()));
+      // The same decode, eagerly, on the state the replay left.
+      float* dout = poisoned_out();
+      run_decode(windowed ? DecodeVariant::dcw : DecodeVariant::dc, chain_q_.as<float>(), dout);
+      eager_.push_back(download(dout));
+    }
+    return outputs;
+  }
+
+  std::vector<std::vector<float>> last_chain_eager() override { return eager_; }
+
+  void clear_status() override { layer_.clear_status(); }
+
+  Snapshot snapshot() override {
+    Snapshot s;
+    s.k_plane = layer_.k_plane_bytes();
+    s.v_plane = layer_.v_plane_bytes();
+    s.k_tail = layer_.k_plane_tail_bytes();
+    s.v_tail = layer_.v_plane_tail_bytes();
+    s.len = layer_.len();
+    s.base = layer_.base();
+    s.len_d = layer_.read_len_d();
+    s.base_d = layer_.read_base_d();
+    s.status = layer_.status();
+    return s;
+  }
+
+  kvlayer::AccumulationShape accumulation_shape(DecodeVariant) override {
+    return layer_.accumulation_shape();
+  }
+
+ private:
+  cudaStream_t stream() const { return layer_.stream(); }
+
+  cuda::RowsView stage(const HostRows& rows) {
+    void* dk = Shared::ensure(shared().k, rows.k_bytes.size());
+    void* dv = Shared::ensure(shared().v, rows.v_bytes.size());
+    upload(dk, rows.k_bytes.data(), rows.k_bytes.size(), stream());
+    upload(dv, rows.v_bytes.data(), rows.v_bytes.size(), stream());
+    return cuda::RowsView{dk, dv, rows.n, rows.dtype};
+  }
+
+  float* poisoned_out() {
+    float* dout = static_cast<float*>(Shared::ensure(shared().out, poison_.size() * sizeof(float)));
+    upload(dout, poison_.data(), poison_.size() * sizeof(float), stream());
+    return dout;
+  }
+
+  std::vector<float> download(const float* dout) {
+    std::vector<float> host(out_values_.size());
+    KVLAYER_CUDA_TRY(cudaMemcpyAsync(host.data(), dout, host.size() * sizeof(float),
+                                     cudaMemcpyDeviceToHost, stream()));
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    return host;
+  }
+
+  void run_decode(DecodeVariant variant, const float* q, float* out) {
+    switch (variant) {
+      case DecodeVariant::host: layer_.decode(q, out); break;
+      case DecodeVariant::dc: layer_.decode_dc(q, out); break;
+      case DecodeVariant::dcw: layer_.decode_dcw(q, out); break;
+    }
+  }
+
+  /// Captures append_dc(w) → inc_seqlen → decode_dc(w) on buffers owned by this system.
+  void capture(const HostRows& row, const std::vector<float>& q, bool windowed) {
+    chain_k_ = DeviceBuffer(row.k_bytes.size());
+    chain_v_ = DeviceBuffer(row.v_bytes.size());
+    chain_q_ = DeviceBuffer(q.size() * sizeof(float));
+    chain_out_ = DeviceBuffer(poison_.size() * sizeof(float));
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+    const cuda::RowsView view{chain_k_.get(), chain_v_.get(), 1, row.dtype};
+    try {
+      windowed ? layer_.append_dcw(view) : layer_.append_dc(view);
+      layer_.inc_seqlen();
+      windowed ? layer_.decode_dcw(chain_q_.as<float>(), chain_out_.as<float>())
+               : layer_.decode_dc(chain_q_.as<float>(), chain_out_.as<float>());
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(stream(), &g);
+      if (g) (void)cudaGraphDestroy(g);
+      throw;
+    }
+    graph_ = cuda::Graph::end_capture(stream());
+    graph_windowed_ = windowed;
+    captured_ = true;
+  }
+
+  cuda::KvLayer layer_;
+  std::vector<float> out_values_;
+  std::vector<float> poison_;
+  DeviceBuffer chain_k_, chain_v_, chain_q_, chain_out_;
+  cuda::Graph graph_;
+  bool graph_windowed_ = false;
+  bool captured_ = false;
+  std::vector<std::vector<float>> eager_;  ///< the last chain's eager decodes
+};
+
+}  // namespace
+
+bool cuda_device_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+SystemFactory cuda_system_factory() {
+  return [](const Case& c) -> std::unique_ptr<System> { return std::make_unique<CudaSystem>(c); };
+}
+
+}  // namespace kvlayer::harness

@@ -1,0 +1,496 @@
+#include "kvlayer/harness/executor.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "kvlayer/error.hpp"
+#include "kvlayer/reference/quantize.hpp"
+
+namespace kvlayer::harness {
+
+void Stats::add(const Stats& o) {
+  for (const auto& [k, v] : o.commands) commands[k] += v;
+  refused += o.refused;
+  rebases += o.rebases;
+  rewinds += o.rewinds;
+  graph_replays += o.graph_replays;
+  bytes_compared += o.bytes_compared;
+  decodes_compared += o.decodes_compared;
+  seconds_in_commands += o.seconds_in_commands;
+  seconds_in_system += o.seconds_in_system;
+  seconds_in_snapshots += o.seconds_in_snapshots;
+  seconds_in_bounds += o.seconds_in_bounds;
+  tightness.add(o.tightness);
+  if (o.worst_error_ratio > worst_error_ratio) {
+    worst_error_ratio = o.worst_error_ratio;
+    worst_error = o.worst_error;
+    worst_bound = o.worst_bound;
+  }
+}
+
+namespace {
+
+/// Adds the wall-clock time of its own lifetime to `seconds`.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double& seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() {
+    seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  Stopwatch(const Stopwatch&) = delete;
+  Stopwatch& operator=(const Stopwatch&) = delete;
+
+ private:
+  double& seconds_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Forwards every call to the system under test, timing it into the campaign's Stats (so the
+/// summary can say where a case's time goes: model, system, read-backs or bounds).
+class TimedSystem final : public System {
+  // NOTE: defined before its uses (its return type is deduced).
+  template <typename F>
+  auto timed(F&& f) {
+    const Stopwatch w(stats_.seconds_in_system);
+    return f();
+  }
+
+ public:
+  TimedSystem(System& inner, Stats& stats) : inner_(inner), stats_(stats) {}
+  void append(const HostRows& rows) override { timed([&] { inner_.append(rows); }); }
+  void append_dc(const HostRows& row, bool windowed) override {
+    timed([&] { inner_.append_dc(row, windowed); });
+  }
+  void inc_seqlen() override { timed([&] { inner_.inc_seqlen(); }); }
+  void account_steps(std::int64_t k) override { timed([&] { inner_.account_steps(k); }); }
+  void reserve(std::int64_t k) override { timed([&] { inner_.reserve(k); }); }
+  void rewind(std::int64_t to) override { timed([&] { inner_.rewind(to); }); }
+  std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t s, std::int64_t e) override {
+    return timed([&] { return inner_.physical_rows(s, e); });
+  }
+  bool can_rewind_to(std::int64_t p) override {
+    return timed([&] { return inner_.can_rewind_to(p); });
+  }
+  std::vector<float> decode(DecodeVariant variant, std::span<const float> q) override {
+    return timed([&] { return inner_.decode(variant, q); });
+  }
+  std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>& queries,
+                                              bool windowed) override {
+    return timed([&] { return inner_.graph_chain(rows, queries, windowed); });
+  }
+  std::vector<std::vector<float>> last_chain_eager() override { return inner_.last_chain_eager(); }
+  void clear_status() override { timed([&] { inner_.clear_status(); }); }
+  Snapshot snapshot() override {
+    const Stopwatch w(stats_.seconds_in_snapshots);
+    return inner_.snapshot();
+  }
+  kvlayer::AccumulationShape accumulation_shape(DecodeVariant variant) override {
+    return timed([&] { return inner_.accumulation_shape(variant); });
+  }
+
+ private:
+  System& inner_;
+  Stats& stats_;
+};
+
+ref::RowsView view_of(const HostRows& rows) {
+  return ref::RowsView{rows.k_bytes.data(), rows.v_bytes.data(), rows.n, rows.dtype};
+}
+
+/// The result of running one call on one side: a value, or the refusal message.
+template <typename T>
+struct Result {
+  std::optional<T> value;
+  std::optional<std::string> refused;
+};
+
+template <typename F>
+auto attempt(F&& f) {
+  using T = decltype(f());
+  if constexpr (std::is_void_v<T>) {
+    Result<bool> r;
+    try {
+      f();
+      r.value = true;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::refused) throw;
+      r.refused = e.what();
+    }
+    return r;
+  } else {
+    Result<T> r;
+    try {
+      r.value = f();
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::refused) throw;
+      r.refused = e.what();
+    }
+    return r;
+  }
+}
+
+/// Both sides must refuse alike, or both accept.
+template <typename A, typename B>
+std::optional<std::string> compare_refusal(const Result<A>& model, const Result<B>& system) {
+  if (model.refused.has_value() != system.refused.has_value())
+    return "model " + (model.refused ? "refused: " + *model.refused : std::string("accepted")) +
+           "; system " + (system.refused ? "refused: " + *system.refused : std::string("accepted"));
+  if (model.refused && *model.refused != *system.refused)
+    return "refusal messages differ:\n  model:  " + *model.refused + "\n  system: " +
+           *system.refused;
+  return std::nullopt;
+}
+
+std::string first_byte_difference(const std::vector<std::uint8_t>& a,
+                                  const std::vector<std::uint8_t>& b, std::int64_t tok_bytes,
+                                  const char* plane) {
+  if (a.size() != b.size())
+    return std::string(plane) + " plane sizes differ: " + std::to_string(a.size()) + " vs " +
+           std::to_string(b.size());
+  const auto it = std::mismatch(a.begin(), a.end(), b.begin());
+  if (it.first == a.end()) return {};
+  const auto at = std::int64_t(it.first - a.begin());
+  std::ostringstream s;
+  s << plane << " plane differs at byte " << at << " (physical row " << at / tok_bytes
+    << ", byte " << at % tok_bytes << " of the row): model 0x" << std::hex << int(*it.first)
+    << ", system 0x" << int(*it.second);
+  return s.str();
+}
+
+/// Naive float64 attention over one KV head, independent of the reference's Eigen path.
+double naive_output(const ref::KvLayer& m, const std::vector<float>& q, int n_q_heads, int h,
+                    int e, std::int64_t begin, std::int64_t end, std::int64_t base) {
+  const Geometry& g = m.geometry();
+  const int kv = h / (n_q_heads / g.n_kv_heads);
+  const double scale = ref::default_scale(g.head_dim_k);
+  std::vector<double> s;
+  for (std::int64_t t = begin; t < end; ++t) {
+    const auto k = m.dequantized_row(Plane::k, t - base);
+    double dot = 0;
+    for (int d = 0; d < g.head_dim_k; ++d)
+      dot += double(q[std::size_t(h * g.head_dim_k + d)]) * k[std::size_t(kv * g.head_dim_k + d)];
+    s.push_back(scale * dot);
+  }
+  if (s.empty()) return 0;
+  const double top = *std::max_element(s.begin(), s.end());
+  double num = 0, den = 0;
+  for (std::int64_t t = begin; t < end; ++t) {
+    const double w = std::exp(s[std::size_t(t - begin)] - top);
+    num += w * m.dequantized_row(Plane::v, t - base)[std::size_t(kv * g.head_dim_v + e)];
+    den += w;
+  }
+  return num / den;
+}
+
+}  // namespace
+
+Executor::Executor(const Case& c, System* system)
+    : case_(c),
+      timed_(system ? std::make_unique<TimedSystem>(*system, stats_) : nullptr),
+      system_(timed_.get()),
+      model_(c.geometry) {}
+
+bool Executor::dc_append_writes(bool windowed) const {
+  // SPEC §7: a device-counter append writes only inside the plane and below max_ctx.
+  const std::int64_t len_d = model_.len_d(), phys = len_d - (windowed ? model_.base_d() : 0);
+  return len_d < case_.geometry.max_ctx && phys >= 0 && phys < case_.geometry.rows();
+}
+
+void Executor::remember_rows(const HostRows& rows, std::int64_t first) {
+  const Geometry& g = case_.geometry;
+  for (std::int64_t r = 0; r < rows.n; ++r) {
+    std::vector<std::uint8_t> k(std::size_t(g.k_tok_bytes())), v(std::size_t(g.v_tok_bytes()));
+    ref::quantize_row(ref::BlockType::q8_0,
+                      std::span<const float>(rows.k.data() + r * g.kv_dim_k(), std::size_t(g.kv_dim_k())), k);
+    ref::quantize_row(ref::BlockType::q5_1,
+                      std::span<const float>(rows.v.data() + r * g.kv_dim_v(), std::size_t(g.kv_dim_v())), v);
+    shadow_[first + r] = {std::move(k), std::move(v)};
+  }
+}
+
+std::optional<std::string> Executor::check_model_invariants() {
+  const Geometry& g = case_.geometry;
+  const std::int64_t len = model_.len(), base = model_.base();
+  std::ostringstream s;
+  if (base % kRingAlign != 0) s << "base " << base << " is not a multiple of " << kRingAlign;
+  else if (base < last_base_) s << "base decreased from " << last_base_ << " to " << base;
+  else if (base > len) s << "base " << base << " > len " << len;
+  else if (len - base > g.rows()) s << "len " << len << " − base " << base << " > rows " << g.rows();
+  else if (model_.base_d() != base) s << "base_d " << model_.base_d() << " != base " << base;
+  if (!s.str().empty()) return "model invariant broken: " + s.str();
+  // Every live logical row still holds the bytes it was written with, where SPEC §6 maps it.
+  // Rows a device-counter append wrote at len_d ≥ len are live until accounted for, unless a
+  // rebase ran in between: it moves only [retain, len) (the host's rows).
+  const std::int64_t live_end = base > last_base_ ? len : std::max(len, model_.len_d());
+  if (base > last_base_) ++stats_.rebases;
+  last_base_ = base;
+  shadow_.erase(shadow_.begin(), shadow_.lower_bound(base));
+  shadow_.erase(shadow_.lower_bound(live_end), shadow_.end());
+  for (const auto& [row, bytes] : shadow_) {
+    const std::int64_t p = row - base;
+    if (p >= g.rows()) continue;  // only reachable past a device overrun, which wrote nothing
+    if (!std::equal(bytes.first.begin(), bytes.first.end(),
+                    model_.k_plane().begin() + p * g.k_tok_bytes()) ||
+        !std::equal(bytes.second.begin(), bytes.second.end(),
+                    model_.v_plane().begin() + p * g.v_tok_bytes()))
+      return "model lost logical row " + std::to_string(row) + " (expected at physical row " +
+             std::to_string(p) + ")";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> Executor::compare_state() {
+  if (auto broken = check_model_invariants()) return broken;
+  if (!system_) return std::nullopt;
+  const Snapshot s = system_->snapshot();
+  const Geometry& g = case_.geometry;
+  std::string d = first_byte_difference(model_.k_plane(), s.k_plane, g.k_tok_bytes(), "K");
+  if (d.empty()) d = first_byte_difference(model_.v_plane(), s.v_plane, g.v_tok_bytes(), "V");
+  if (!d.empty()) return d;
+  for (const auto* tail : {&s.k_tail, &s.v_tail})
+    for (std::size_t i = 0; i < tail->size(); ++i)
+      if ((*tail)[i] != 0)
+        return std::string(tail == &s.k_tail ? "K" : "V") + " plane tail byte " +
+               std::to_string(i) + " past the last row is " + std::to_string((*tail)[i]) +
+               " (must stay 0)";
+  stats_.bytes_compared += std::int64_t(s.k_plane.size() + s.v_plane.size() + s.k_tail.size() +
+                                        s.v_tail.size());
+  std::ostringstream c;
+  if (s.len != model_.len()) c << " len " << s.len << " (model " << model_.len() << ")";
+  if (s.len_d != model_.len_d()) c << " len_d " << s.len_d << " (model " << model_.len_d() << ")";
+  if (s.base != model_.base()) c << " base " << s.base << " (model " << model_.base() << ")";
+  if (s.base_d != model_.base_d()) c << " base_d " << s.base_d << " (model " << model_.base_d() << ")";
+  if (!c.str().empty()) return "counters differ:" + c.str();
+  if (!(s.status == model_.status()))
+    return "status differs:\n  model:  " + model_.status().message() + "\n  system: " +
+           s.status.message();
+  return std::nullopt;
+}
+
+Executor::Expectation Executor::expect_decode(DecodeVariant variant, const std::vector<float>& q,
+                                             std::optional<std::vector<double>> out) {
+  const Geometry& g = case_.geometry;
+  Expectation x{decode_variant_name(variant), std::move(out), {}, {}};
+  if (!x.out) return x;  // a device error: nothing may be written
+  ref::DecodeView view;
+  if (variant == DecodeVariant::host) {
+    const auto [b, e] = model_.view();
+    view = {b, e, model_.base()};
+  } else if (variant == DecodeVariant::dc) {
+    view = {0, model_.len_d(), 0};
+  } else {
+    view = {std::max<std::int64_t>(0, model_.len_d() - *g.window), model_.len_d(), model_.base_d()};
+  }
+  if (system_) {
+    const Stopwatch w(stats_.seconds_in_bounds);
+    x.bound = ref::decode_bound(model_, q, case_.n_q_heads, std::nullopt, view,
+                                system_->accumulation_shape(variant));
+    return x;
+  }
+  // Reference only: recompute a few elements with an independent naive loop.
+  const int nq = case_.n_q_heads;
+  Rng pick(std::uint64_t(view.end) * 7919u + std::uint64_t(view.begin));
+  for (int i = 0; i < 4; ++i) {
+    const int h = int(pick.range(0, nq - 1)), e = int(pick.range(0, g.head_dim_v - 1));
+    const double want = naive_output(model_, q, nq, h, e, view.begin, view.end, view.base);
+    const double got = (*x.out)[std::size_t(h * g.head_dim_v + e)];
+    const double tol = 1e-12 * (1.0 + std::fabs(want)) * double(view.end - view.begin + 1);
+    if (!(std::fabs(want - got) <= tol) && !(std::isnan(want) && std::isnan(got))) {
+      x.self_check = x.name + ": reference output [" + std::to_string(h) + "," +
+                     std::to_string(e) + "] = " + std::to_string(got) +
+                     " but the naive float64 loop gives " + std::to_string(want);
+      break;
+    }
+  }
+  ++stats_.decodes_compared;
+  return x;
+}
+
+std::optional<std::string> Executor::check_decode(const Expectation& x,
+                                                  const std::vector<float>& actual) {
+  const Geometry& g = case_.geometry;
+  if (!x.out) {  // the model recorded a device error: the system must have written nothing
+    for (std::size_t i = 0; i < actual.size(); ++i)
+      if (std::bit_cast<std::uint32_t>(actual[i]) != kPoisonBits)
+        return x.name + " wrote output element " + std::to_string(i) +
+               " although the model recorded a device error";
+    return std::nullopt;
+  }
+  if (actual.size() != x.out->size())
+    return x.name + " output has " + std::to_string(actual.size()) + " values, expected " +
+           std::to_string(x.out->size());
+  for (std::size_t i = 0; i < x.out->size(); ++i) {
+    const double want = (*x.out)[i], got = actual[i];
+    std::ostringstream s;
+    s << x.name << " output [head " << i / std::size_t(g.head_dim_v) << ", "
+      << i % std::size_t(g.head_dim_v) << "]: system " << got << ", reference " << want;
+    if (std::isnan(want)) {
+      if (!std::isnan(got)) return s.str() + " (the reference attended a bad block: NaN expected)";
+      continue;
+    }
+    if (!std::isfinite(got)) return s.str() + " (not finite)";
+    const double err = std::fabs(got - want);
+    if (err > x.bound.bound[i]) {
+      s << ", error " << err << " exceeds the derived bound " << x.bound.bound[i];
+      return s.str();
+    }
+    const double ratio = x.bound.bound[i] > 0 ? err / x.bound.bound[i] : 0;
+    if (ratio > stats_.worst_error_ratio) {
+      stats_.worst_error_ratio = ratio;
+      stats_.worst_error = err;
+      stats_.worst_bound = x.bound.bound[i];
+    }
+    stats_.tightness.record(err, x.bound.bound[i], x.bound.exact_q[i], x.bound.max_abs_v[i]);
+  }
+  ++stats_.decodes_compared;
+  return std::nullopt;
+}
+
+std::optional<std::string> Executor::step(const Command& command) {
+  const Stopwatch whole(stats_.seconds_in_commands);
+  executed_.push_back(command);
+  ++stats_.commands[kind_name(command)];
+  const Geometry& g = case_.geometry;
+  const DType dt = case_.dtype;
+  std::optional<std::string> diff;
+  auto both = [&](auto model_call, auto system_call) {
+    auto m = attempt(model_call);
+    if (m.refused) ++stats_.refused;
+    if (system_) {
+      auto s = attempt(system_call);
+      if (auto d = compare_refusal(m, s)) return std::optional<std::string>(*d);
+      if (m.value && s.value && !(*m.value == *s.value))
+        return std::optional<std::string>("results differ");
+    }
+    return std::optional<std::string>();
+  };
+
+  if (const auto* c = std::get_if<Append>(&command)) {
+    const HostRows rows = make_rows(g, dt, c->n, c->seed, c->data);
+    const std::int64_t first = model_.len();
+    auto m = attempt([&] { model_.append(view_of(rows)); });
+    if (m.value) remember_rows(rows, first);
+    else ++stats_.refused;
+    if (system_) diff = compare_refusal(m, attempt([&] { system_->append(rows); }));
+  } else if (const auto* c = std::get_if<AppendDc>(&command)) {
+    const HostRows row = make_rows(g, dt, 1, c->seed, c->data);
+    const std::int64_t at = model_.len_d();
+    const bool writes = dc_append_writes(c->windowed);
+    auto m = attempt([&] {
+      c->windowed ? model_.append_dcw(view_of(row)) : model_.append_dc(view_of(row));
+    });
+    if (m.value && writes) remember_rows(row, at);
+    if (!m.value) ++stats_.refused;
+    if (system_) diff = compare_refusal(m, attempt([&] { system_->append_dc(row, c->windowed); }));
+  } else if (std::holds_alternative<IncSeqlen>(command)) {
+    diff = both([&] { model_.inc_seqlen(); }, [&] { system_->inc_seqlen(); });
+  } else if (const auto* c = std::get_if<AccountSteps>(&command)) {
+    diff = both([&] { model_.account_steps(c->k); }, [&] { system_->account_steps(c->k); });
+  } else if (const auto* c = std::get_if<Reserve>(&command)) {
+    diff = both([&] { model_.reserve(c->k); }, [&] { system_->reserve(c->k); });
+  } else if (const auto* c = std::get_if<Rewind>(&command)) {
+    auto m = attempt([&] { model_.rewind(c->to); });
+    if (m.value) ++stats_.rewinds;
+    else ++stats_.refused;
+    if (system_) diff = compare_refusal(m, attempt([&] { system_->rewind(c->to); }));
+  } else if (const auto* c = std::get_if<Decode>(&command)) {
+    const auto q = make_query(g, case_.n_q_heads, c->seed);
+    auto m = attempt([&]() -> std::optional<std::vector<double>> {
+      switch (c->variant) {
+        case DecodeVariant::host: return model_.decode(q, case_.n_q_heads);
+        case DecodeVariant::dc: return model_.decode_dc(q, case_.n_q_heads);
+        case DecodeVariant::dcw: return model_.decode_dcw(q, case_.n_q_heads);
+      }
+      return std::nullopt;
+    });
+    if (!m.value) ++stats_.refused;
+    std::optional<Expectation> x;
+    if (m.value) x = expect_decode(c->variant, q, *m.value);
+    if (x && x->self_check) diff = x->self_check;
+    if (system_ && !diff) {
+      auto s = attempt([&] { return system_->decode(c->variant, q); });
+      diff = compare_refusal(m, s);
+      if (!diff && x) diff = check_decode(*x, *s.value);
+    }
+  } else if (const auto* c = std::get_if<PhysicalRows>(&command)) {
+    diff = both([&] { return model_.physical_rows(c->start, c->end); },
+                [&] { return system_->physical_rows(c->start, c->end); });
+  } else if (const auto* c = std::get_if<CanRewindTo>(&command)) {
+    diff = both([&] { return model_.can_rewind_to(c->p); },
+                [&] { return system_->can_rewind_to(c->p); });
+  } else if (const auto* c = std::get_if<GraphChain>(&command)) {
+    // NOTE: a chain whose variant does not suit the layer is a no-op on both sides (the
+    // generator never draws one; shrinking can make one by dropping earlier commands).
+    const bool suits = c->windowed ? g.window.has_value() : (!g.is_ring() && !g.window);
+    if (suits && c->steps > 0) {
+      std::vector<HostRows> rows;
+      std::vector<std::vector<float>> queries;
+      std::vector<Expectation> expected;
+      Rng rng(c->seed);
+      // The model runs the steps eagerly; each step's expectation (and bound) is taken on the
+      // state that step decoded. Every replayed step is compared with the reference within the
+      // bound, and bit for bit with the same decode run eagerly on the state it left.
+      for (std::int64_t i = 0; i < c->steps; ++i) {
+        rows.push_back(make_rows(g, dt, 1, rng.next(), DataKind::gaussian));
+        queries.push_back(make_query(g, case_.n_q_heads, rng.next()));
+        const std::int64_t at = model_.len_d();
+        if (dc_append_writes(c->windowed)) remember_rows(rows.back(), at);
+        if (c->windowed) model_.append_dcw(view_of(rows.back()));
+        else model_.append_dc(view_of(rows.back()));
+        model_.inc_seqlen();
+        const auto variant = c->windowed ? DecodeVariant::dcw : DecodeVariant::dc;
+        auto out = c->windowed ? model_.decode_dcw(queries.back(), case_.n_q_heads)
+                               : model_.decode_dc(queries.back(), case_.n_q_heads);
+        expected.push_back(expect_decode(variant, queries.back(), std::move(out)));
+        if (expected.back().self_check && !diff) diff = expected.back().self_check;
+      }
+      stats_.graph_replays += c->steps;
+      if (system_ && !diff) {
+        const auto outputs = system_->graph_chain(rows, queries, c->windowed);
+        const auto eager = system_->last_chain_eager();
+        if (outputs.size() != expected.size())
+          diff = "graph chain returned " + std::to_string(outputs.size()) + " outputs for " +
+                 std::to_string(expected.size()) + " steps";
+        else if (!eager.empty() && eager.size() != outputs.size())
+          diff = "graph chain ran " + std::to_string(eager.size()) + " eager decodes for " +
+                 std::to_string(outputs.size()) + " steps";
+        for (std::size_t i = 0; i < expected.size() && !diff; ++i) {
+          std::optional<std::string> d = check_decode(expected[i], outputs[i]);
+          for (std::size_t e = 0; !d && !eager.empty() && e < outputs[i].size(); ++e)
+            if (std::bit_cast<std::uint32_t>(outputs[i][e]) !=
+                std::bit_cast<std::uint32_t>(eager[i].at(e)))
+              d = expected[i].name + " output element " + std::to_string(e) + ": replayed " +
+                  std::to_string(outputs[i][e]) + " but eager " + std::to_string(eager[i][e]) +
+                  " on the same state (must be bit-identical)";
+          if (d) diff = "step " + std::to_string(i) + ": " + *d;
+        }
+      }
+      auto m = attempt([&] { model_.account_steps(c->steps); });
+      if (system_) {
+        auto s = attempt([&] { system_->account_steps(c->steps); });
+        if (!diff) diff = compare_refusal(m, s);
+      }
+    }
+  } else if (std::holds_alternative<StatusQuery>(command)) {
+    if (system_ && !(system_->snapshot().status == model_.status()))
+      diff = "status differs:\n  model:  " + model_.status().message() + "\n  system: " +
+             system_->snapshot().status.message();
+    model_.clear_status();
+    if (system_) system_->clear_status();
+  }
+  if (diff) return describe(command) + ": " + *diff;
+  if (auto d = compare_state()) return "after " + describe(command) + ": " + *d;
+  return std::nullopt;
+}
+
+std::optional<Mismatch> Executor::run_all() {
+  for (std::size_t i = 0; i < case_.commands.size(); ++i)
+    if (auto d = step(case_.commands[i])) return Mismatch{i, *d};
+  return std::nullopt;
+}
+
+}  // namespace kvlayer::harness

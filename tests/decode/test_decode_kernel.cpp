@@ -1,0 +1,675 @@
+// GPU tests of the split-K decode kernel (cuda/src/decode/) against the float64 reference,
+// within the declared accuracy contract (reference/include/kvlayer/reference/accuracy.hpp).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "decode/partition.hpp"
+#include "decode_model.hpp"
+#include "decode_testbed.hpp"
+#include "kvlayer/testing/gpu.hpp"
+#include "kvlayer/error.hpp"
+#include "kvlayer/status.hpp"
+
+namespace kvlayer::testing::decode {
+namespace {
+
+using cuda::detail::plan_decode;
+
+Geometry flat_geometry(int n_kv, int head_dim, std::int64_t max_ctx,
+                       std::optional<std::int64_t> window = std::nullopt) {
+  Geometry g;
+  g.n_kv_heads = n_kv;
+  g.head_dim_k = g.head_dim_v = head_dim;
+  g.max_ctx = max_ctx;
+  g.window = window;
+  return g;
+}
+
+std::vector<float> random_query(Rng& rng, int n_q_heads, int head_dim, float amplitude) {
+  std::vector<float> q(std::size_t(n_q_heads) * head_dim);
+  for (float& x : q) x = amplitude * rng.sym();
+  return q;
+}
+
+/// The view the reference layer's decode() attends (host len / base).
+ref::DecodeView reference_view(const ref::KvLayer& layer) {
+  const auto [begin, end] = layer.view();
+  return ref::DecodeView{begin, end, layer.base()};
+}
+
+/// Runs host mode and device mode on the layer's current state and checks both against the
+/// reference (`want`, computed here when not given); device mode must also be bit-identical
+/// to host mode (same partition).
+void check_both_modes(DecodeBed& bed, const ref::KvLayer& layer, std::span<const float> q,
+                      float scale, const std::string& what,
+                      const std::vector<double>* given = nullptr) {
+  const int nq = bed.n_q_heads();
+  const std::vector<double> want = given != nullptr ? *given : layer.decode(q, nq, scale);
+  const ref::DecodeView view = reference_view(layer);
+  const bool expect_nonzero = true;
+
+  std::vector<float> host, dev;
+  ASSERT_EQ(bed.run(bed.host_args(layer.len(), layer.base(), scale), host), cudaSuccess) << what;
+  expect_within_contract(host, want, layer, q, nq, scale, view, bed.plan(), what + " [host]",
+                         expect_nonzero);
+
+  bed.set_counters(std::int32_t(layer.len()), std::int32_t(layer.base()));
+  bed.clear_status();
+  ASSERT_EQ(bed.run(bed.device_args(scale), dev), cudaSuccess) << what;
+  EXPECT_EQ(bed.read_status().has_device_error, 0) << what << " [device]";
+  EXPECT_EQ(std::memcmp(host.data(), dev.data(), host.size() * sizeof(float)), 0)
+      << what << ": device-counter output differs from host-len output";
+}
+
+// ---- Plan (host arithmetic only: no GPU needed) ----------------------------------------------
+
+TEST(DecodePlan, FillsTheGpuAtLongViews) {
+  const auto p = plan_decode(8, 128, 8, 131072, 132, cuda::detail::DecodeKernel::cuda_core);
+  EXPECT_EQ(p.tile_keys, 32);
+  EXPECT_EQ(p.n_splits, 66);              // 8 heads × 66 = 528 blocks = 4 per SM
+  EXPECT_EQ(p.max_keys_per_split, 2016);  // ceil(131072 / 66) = 1986 → whole tiles
+  EXPECT_EQ(p.scratch_bytes, std::size_t(8) * 66 * 8 * (128 + 2) * 4);
+  // A short view: no split shorter than a tile.
+  const auto s = plan_decode(1, 64, 1, 10, 132, cuda::detail::DecodeKernel::cuda_core);
+  EXPECT_EQ(s.n_splits, 1);
+  EXPECT_EQ(s.max_keys_per_split, 64);
+}
+
+TEST(DecodePlan, MmaPlanFillsTheGpu) {
+  using cuda::detail::DecodeKernel;
+  const auto p = plan_decode(8, 128, 8, 131072, 132, DecodeKernel::mma);
+  EXPECT_EQ(p.kernel, DecodeKernel::mma);
+  EXPECT_EQ(p.tile_keys, 64);
+  EXPECT_EQ(p.n_splits, 49);              // 3 blocks per SM at D 128, gqa 8: 392 ≤ 396
+  EXPECT_EQ(p.max_keys_per_split, 2688);  // ceil(131072 / 49) = 2675 → whole 64-key tiles
+  EXPECT_EQ(p.max_rescales, 2688 / 64 + 1);
+  // Never a second wave: every (KV head, split) block is resident at once.
+  for (const int n_kv : {1, 3, 8, 32})
+    for (const int d : {64, 128, 256})
+      for (const int gqa : {4, 16}) {
+        const auto q = plan_decode(n_kv, d, gqa, 131072, 132, DecodeKernel::mma);
+        EXPECT_LE(q.n_splits * n_kv, cuda::detail::decode_mma_blocks_per_sm(d, gqa) * 132)
+            << n_kv << " KV heads, D " << d << ", gqa " << gqa;
+      }
+  EXPECT_EQ(plan_decode(8, 64, 8, 131072, 132, DecodeKernel::mma).n_splits, 66);    // 4 per SM
+  EXPECT_EQ(plan_decode(8, 256, 8, 131072, 132, DecodeKernel::mma).n_splits, 33);   // 2 per SM
+  EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 49);  // 3 per SM
+}
+
+// The plan sizes its grid for decode_mma_blocks_per_sm resident blocks; if fewer fit (registers,
+// shared memory, carveout), the grid runs in two waves and the decode takes about twice as long.
+TEST(DecodePlan, MmaBlocksPerSmAreResident) {
+  KVLAYER_REQUIRE_GPU();
+  for (const int d : {64, 128, 256})
+    for (const int gqa : {8, 16}) {
+      int blocks = 0;
+      ASSERT_EQ(cuda::detail::mma_split_resident_blocks(d, gqa, &blocks), cudaSuccess);
+      EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, gqa))
+          << "D " << d << " gqa " << gqa;
+    }
+}
+
+TEST(DecodePlan, PartitionCoversEveryViewExactly) {
+  for (const int head_dim : {64, 128, 256})
+    for (const int sms : {1, 3, 132}) {
+      const auto p = plan_decode(3, head_dim, 2, 5000, sms);
+      for (std::int64_t n = 1; n <= p.max_view_keys; ++n) {
+        const std::int64_t kps = cuda::detail::decode_keys_per_split(n, p.n_splits, p.tile_keys);
+        const std::int64_t active = (n + kps - 1) / kps;
+        ASSERT_EQ(kps % p.tile_keys, 0);
+        ASSERT_LE(kps, p.max_keys_per_split) << "n " << n;
+        ASSERT_LE(active, p.n_splits) << "n " << n;
+        ASSERT_LT((active - 1) * kps, n);
+      }
+    }
+}
+
+TEST(DecodePlan, RefusesUnsupportedGeometry) {
+  const auto expect_refused = [](auto&& f, const char* needle) {
+    try {
+      f();
+      ADD_FAILURE() << "not refused: " << needle;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::refused);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([] { plan_decode(8, 96, 8, 1024, 132); }, "head_dim 96");
+  expect_refused([] { plan_decode(8, 96, 8, 1024, 132); }, "64, 128, 256");
+  expect_refused([] { plan_decode(8, 128, 17, 1024, 132); }, "gqa 17");
+  expect_refused([] { plan_decode(8, 128, 0, 1024, 132); }, "1..16");
+  expect_refused([] { plan_decode(8, 128, 8, 0, 132); }, "max_view_keys 0");
+}
+
+// ---- Flat layers: lengths × head dims × gqa × plans ------------------------------------------
+
+class DecodeSweep : public ::testing::TestWithParam<int> {};
+
+TEST_P(DecodeSweep, FlatLengthsAgainstReference) {
+  KVLAYER_REQUIRE_GPU();
+  const int head_dim = GetParam();
+  constexpr int kKv = 2;
+  constexpr std::int64_t kMaxCtx = 4096;
+  const Geometry g = flat_geometry(kKv, head_dim, kMaxCtx);
+  Rng rng(0xDEC0DE00u + head_dim);
+  ref::KvLayer full(g);
+  append_rows(full, random_rows(rng, kMaxCtx, g.kv_dim_k()),
+              random_rows(rng, kMaxCtx, g.kv_dim_v()));
+  const float scale = ref::default_scale(head_dim);
+  // Plans: the real GPU (short splits), and tiny "GPUs" that force long splits with many tiles
+  // per block (exercising the cp.async pipeline and the running-max rescale).
+  const int sms[] = {device_sm_count(), 4, 1};
+
+  for (const int gqa : {1, 4, 8, 16}) {
+    std::vector<cuda::detail::DecodePlan> plans;
+    for (int s : sms) plans.push_back(plan_decode(kKv, head_dim, gqa, kMaxCtx, s));
+    // Lengths: tiny, around a block and a tile, around every plan's split boundaries.
+    std::set<std::int64_t, std::greater<>> lengths = {1,    2,    31,   32,          33,     1000,
+                                                      2047, 2048, 2049, kMaxCtx - 1, kMaxCtx};
+    const std::int64_t tile = plans[0].tile_keys;
+    for (std::int64_t n : {tile - 1, tile, tile + 1, 2 * tile + 1}) lengths.insert(n);
+    for (const auto& p : plans)
+      for (std::int64_t k : {1, 2, 3}) {
+        const std::int64_t edge = std::int64_t(p.n_splits) * tile * k;
+        for (std::int64_t n : {edge - 1, edge, edge + 1})
+          if (n >= 1 && n <= kMaxCtx) lengths.insert(n);
+      }
+
+    ref::KvLayer layer = full;
+    const std::vector<float> q = random_query(rng, kKv * gqa, head_dim, 2.0f);
+    DecodeBed bed(g, gqa, plans[0]);
+    bed.upload_planes(layer);
+    bed.upload_query(q);
+    for (const std::int64_t n : lengths) {  // descending: rewind only shortens
+      layer.rewind(n);
+      const std::vector<double> want = layer.decode(q, kKv * gqa, scale);
+      for (const auto& p : plans) {
+        bed.set_plan(p);
+        const std::string what = "D " + std::to_string(head_dim) + " gqa " + std::to_string(gqa) +
+                                 " len " + std::to_string(n) + " splits " +
+                                 std::to_string(p.n_splits);
+        check_both_modes(bed, layer, q, scale, what, &want);
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
+TEST_P(DecodeSweep, FlatWindowedViews) {
+  KVLAYER_REQUIRE_GPU();
+  const int head_dim = GetParam();
+  constexpr int kKv = 3, kGqa = 4;
+  const Geometry g = flat_geometry(kKv, head_dim, 2500, 100);
+  Rng rng(0x1A2B3C00u + head_dim);
+  ref::KvLayer layer(g);
+  append_rows(layer, random_rows(rng, 2500, g.kv_dim_k()), random_rows(rng, 2500, g.kv_dim_v()));
+  const std::vector<float> q = random_query(rng, kKv * kGqa, head_dim, 2.0f);
+  const float scale = ref::default_scale(head_dim);
+  for (const int sms : {device_sm_count(), 1}) {
+    ref::KvLayer l = layer;
+    DecodeBed bed(g, kGqa, plan_decode(kKv, head_dim, kGqa, *g.window, sms));
+    bed.upload_planes(l);
+    bed.upload_query(q);
+    for (const std::int64_t n : {2500, 1777, 101, 100, 99, 37, 1}) {
+      l.rewind(n);
+      check_both_modes(bed, l, q, scale, "windowed flat len " + std::to_string(n));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeSweep, ::testing::Values(64, 128, 256),
+                         [](const auto& info) {
+                           return std::string("D").append(std::to_string(info.param));
+                         });
+
+/// No GPU needed: the host model over lengths and plans stays within the contract.
+TEST_P(DecodeSweep, ModelLengthsWithinContract) {
+  const int head_dim = GetParam();
+  constexpr int kKv = 2;
+  constexpr std::int64_t kMaxCtx = 2100;
+  const Geometry g = flat_geometry(kKv, head_dim, kMaxCtx);
+  Rng rng(0x0DE100u + head_dim);
+  ref::KvLayer layer(g);
+  append_rows(layer, random_rows(rng, kMaxCtx, g.kv_dim_k()),
+              random_rows(rng, kMaxCtx, g.kv_dim_v()));
+  const float scale = ref::default_scale(head_dim);
+  for (const int gqa : {1, 16}) {
+    ref::KvLayer l = layer;
+    const std::vector<float> q = random_query(rng, kKv * gqa, head_dim, 2.0f);
+    for (const std::int64_t n :
+         {std::int64_t(2100), std::int64_t(1025), std::int64_t(33), std::int64_t(1)}) {
+      l.rewind(n);
+      const std::vector<double> want = l.decode(q, kKv * gqa, scale);
+      for (const int sms : {132, 4, 1}) {
+        const auto plan = plan_decode(kKv, head_dim, gqa, kMaxCtx, sms);
+        const ref::DecodeView view = reference_view(l);
+        expect_within_contract(model_decode(l, q, gqa, scale, view, plan), want, l, q, kKv * gqa,
+                               scale, view, plan,
+                               "model gqa " + std::to_string(gqa) + " len " + std::to_string(n) +
+                                   " splits " + std::to_string(plan.n_splits));
+      }
+    }
+  }
+}
+
+// ---- Ring layers: base advances, views start at physical offsets > 0 --------------------------
+
+class DecodeRing : public ::testing::TestWithParam<int> {};
+
+TEST_P(DecodeRing, ViewsFollowTheBase) {
+  KVLAYER_REQUIRE_GPU();
+  const int head_dim = GetParam();
+  constexpr int kKv = 2, kGqa = 8;
+  Geometry g = flat_geometry(kKv, head_dim, 4000, 300);
+  g.storage = Storage::ring;
+  g.max_append = 48;
+  g.rewind_slack = 5;
+  Rng rng(0x816u + head_dim);
+  ref::KvLayer layer(g);
+  const std::vector<float> q = random_query(rng, kKv * kGqa, head_dim, 2.0f);
+  const float scale = ref::default_scale(head_dim);
+  const auto plan_real = plan_decode(kKv, head_dim, kGqa, *g.window, device_sm_count());
+  const auto plan_long = plan_decode(kKv, head_dim, kGqa, *g.window, 1);
+  DecodeBed bed(g, kGqa, plan_real);
+  bed.upload_query(q);
+  const std::int64_t chunks[] = {1, 7, 48, 33, 2, 31, 32, 17, 48, 5};
+  bool saw_offset_view = false;
+  for (int i = 0; layer.len() < 1500; ++i) {
+    const std::int64_t n = chunks[i % std::size(chunks)];
+    append_rows(layer, random_rows(rng, n, g.kv_dim_k()), random_rows(rng, n, g.kv_dim_v()));
+    bed.upload_planes(layer);
+    const auto [begin, end] = layer.view();
+    saw_offset_view |= begin - layer.base() > 0 && layer.base() > 0;
+    for (const auto* p : {&plan_real, &plan_long}) {
+      bed.set_plan(*p);
+      check_both_modes(bed, layer, q, scale,
+                       "ring len " + std::to_string(layer.len()) + " base " +
+                           std::to_string(layer.base()) + " splits " + std::to_string(p->n_splits));
+      if (HasFailure()) return;
+    }
+  }
+  EXPECT_GT(layer.base(), 0) << "the ring never rebased: the test does not cover base > 0";
+  EXPECT_TRUE(saw_offset_view) << "no view started past physical row 0 with base > 0";
+}
+
+INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeRing, ::testing::Values(64, 128, 256),
+                         [](const auto& info) {
+                           return std::string("D").append(std::to_string(info.param));
+                         });
+
+// ---- Adversarial score distributions ---------------------------------------------------------
+
+/// wide_values is about V, not scores: non-negative blocks with scales up to 2^20, so some
+/// dequantized values lie beyond fp16's range (the mma kernel must take those tiles off the
+/// tensor cores).
+enum class Scores { large_range, dominant_key, tiny_p, increasing, equal_keys, wide_values };
+
+std::string name_of(Scores s) {
+  switch (s) {
+    case Scores::large_range:
+      return "large_range";
+    case Scores::dominant_key:
+      return "dominant_key";
+    case Scores::tiny_p:
+      return "tiny_p";
+    case Scores::increasing:
+      return "increasing";
+    case Scores::equal_keys:
+      return "equal_keys";
+    case Scores::wide_values:
+      return "wide_values";
+  }
+  return "?";
+}
+
+/// A flat layer of 3000 keys, 2 KV heads × gqa 8, whose scores follow `kind`.
+struct Scenario {
+  Geometry g;
+  int gqa;
+  ref::KvLayer layer;
+  std::vector<float> q;
+  float scale;
+};
+
+Scenario adversarial(int head_dim, Scores kind) {
+  constexpr int kKv = 2, kGqa = 8;
+  constexpr std::int64_t kKeys = 3000;
+  const Geometry g = flat_geometry(kKv, head_dim, kKeys);
+  Rng rng(0xAD0000u + head_dim * 16 + int(kind));
+  const float amplitude = kind == Scores::large_range ? 24.0f : 1.0f;
+  std::vector<float> q = random_query(rng, kKv * kGqa, head_dim, amplitude);
+  std::vector<float> k =
+      random_rows(rng, kKeys, g.kv_dim_k(), kind == Scores::large_range ? -2 : -3,
+                  kind == Scores::large_range ? 3 : 1);
+  std::vector<float> v = kind == Scores::wide_values ? random_rows(rng, kKeys, g.kv_dim_v(), -3, 20)
+                                                     : random_rows(rng, kKeys, g.kv_dim_v());
+  // Non-negative blocks with a zero in each keep q5_1's m (the minimum, 0) and d = max / 31
+  // inside fp16 while d·q + m reaches 2^20.
+  if (kind == Scores::wide_values) {
+    for (float& x : v) x = std::fabs(x);
+    for (std::size_t b = 0; b < v.size(); b += 32) v[b] = 0.0f;
+  }
+  // K of key t, KV head h, from the first query head of h's group: score ≈ factor·√D/3.
+  const auto along_q = [&](std::int64_t t, int h, float factor) {
+    for (int d = 0; d < head_dim; ++d)
+      k[std::size_t(t * g.kv_dim_k() + h * head_dim + d)] =
+          factor * q[std::size_t(h * kGqa * head_dim + d)];
+  };
+  for (int h = 0; h < kKv; ++h) {
+    switch (kind) {
+      case Scores::large_range:
+        break;  // |q| ~ 24, block scales up to 8: scores span hundreds
+      case Scores::dominant_key:
+        along_q(1234, h, 6.0f);
+        break;
+      case Scores::tiny_p:
+        // Keys near 0, one key ≈ +25 above: every other p is ≈ e^-25, below fp16's subnormals.
+        for (std::int64_t t = 0; t < kKeys; ++t)
+          for (int d = 0; d < head_dim; ++d)
+            k[std::size_t(t * g.kv_dim_k() + h * head_dim + d)] *= 0.01f;
+        along_q(2999, h, 75.0f / std::sqrt(float(head_dim)));
+        break;
+      case Scores::increasing:
+        // Scores rise with t: the running max moves in every tile of every split.
+        for (std::int64_t t = 0; t < kKeys; ++t) along_q(t, h, 3.0f * float(t + 1) / float(kKeys));
+        break;
+      case Scores::equal_keys:
+        for (std::int64_t t = 0; t < kKeys; ++t) along_q(t, h, 0.5f);
+        break;
+      case Scores::wide_values:
+        break;
+    }
+  }
+  Scenario sc{g, kGqa, ref::KvLayer(g), std::move(q), ref::default_scale(head_dim)};
+  append_rows(sc.layer, k, v);
+  return sc;
+}
+
+class DecodeAdversarial : public ::testing::TestWithParam<std::tuple<int, Scores>> {};
+
+TEST_P(DecodeAdversarial, WithinContract) {
+  KVLAYER_REQUIRE_GPU();
+  const auto [head_dim, kind] = GetParam();
+  const Scenario sc = adversarial(head_dim, kind);
+  for (const int sms : {device_sm_count(), 1}) {
+    DecodeBed bed(sc.g, sc.gqa, plan_decode(sc.g.n_kv_heads, head_dim, sc.gqa, sc.g.max_ctx, sms));
+    bed.upload_planes(sc.layer);
+    bed.upload_query(sc.q);
+    check_both_modes(bed, sc.layer, sc.q, sc.scale, name_of(kind) + " sms " + std::to_string(sms));
+  }
+}
+
+/// No GPU needed: the host model of the kernel's rounding points stays within the contract.
+TEST_P(DecodeAdversarial, ModelWithinContract) {
+  const auto [head_dim, kind] = GetParam();
+  const Scenario sc = adversarial(head_dim, kind);
+  const int nq = sc.g.n_kv_heads * sc.gqa;
+  const std::vector<double> want = sc.layer.decode(sc.q, nq, sc.scale);
+  for (const int sms : {132, 1}) {
+    const auto plan = plan_decode(sc.g.n_kv_heads, head_dim, sc.gqa, sc.g.max_ctx, sms);
+    const ref::DecodeView view = reference_view(sc.layer);
+    const double worst = expect_within_contract(
+        model_decode(sc.layer, sc.q, sc.gqa, sc.scale, view, plan), want, sc.layer, sc.q, nq,
+        sc.scale, view, plan, "model " + name_of(kind) + " sms " + std::to_string(sms));
+    RecordProperty("worst_err_over_bound_sms" + std::to_string(sms), std::to_string(worst));
+    std::printf("model D%d %s splits %d: worst |err|/bound %.3g\n", head_dim, name_of(kind).c_str(),
+                plan.n_splits, worst);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Scores, DecodeAdversarial,
+    ::testing::Combine(::testing::Values(64, 128, 256),
+                       ::testing::Values(Scores::large_range, Scores::dominant_key, Scores::tiny_p,
+                                         Scores::increasing, Scores::equal_keys,
+                                         Scores::wide_values)),
+    [](const auto& info) {
+      std::string name("D");  // appends: GCC 12 warns falsely on "D" + std::string at -O3
+      name.append(std::to_string(std::get<0>(info.param))).append("_");
+      return name.append(name_of(std::get<1>(info.param)));
+    });
+
+// ---- Edges: empty views, device overruns, bad blocks, refused launches ------------------------
+
+TEST(DecodeEdge, EmptyViewIsAllZero) {
+  KVLAYER_REQUIRE_GPU();
+  const Geometry g = flat_geometry(2, 128, 512);
+  Rng rng(7);
+  ref::KvLayer layer(g);
+  append_rows(layer, random_rows(rng, 100, g.kv_dim_k()), random_rows(rng, 100, g.kv_dim_v()));
+  DecodeBed bed(g, 4, plan_decode(2, 128, 4, 512, device_sm_count()));
+  bed.upload_planes(layer);
+  bed.upload_query(random_query(rng, 8, 128, 1.0f));
+  std::vector<float> out;
+  ASSERT_EQ(bed.run(bed.host_args(0, 0, 0.1f), out), cudaSuccess);
+  for (float x : out) ASSERT_EQ(std::bit_cast<std::uint32_t>(x), 0u) << "host mode";
+  bed.set_counters(0, 0);
+  ASSERT_EQ(bed.run(bed.device_args(0.1f), out), cudaSuccess);
+  for (float x : out) ASSERT_EQ(std::bit_cast<std::uint32_t>(x), 0u) << "device mode";
+  EXPECT_EQ(bed.read_status().has_device_error, 0);
+}
+
+/// Device-counter launch with counters (len_d, base_d) that must be refused on the device:
+/// out stays poisoned and the status holds kind 3 with these values and `limit`.
+void expect_device_refusal(DecodeBed& bed, std::int32_t len_d, std::int32_t base_d,
+                           std::int64_t limit, const std::string& what) {
+  bed.clear_status();
+  bed.set_counters(len_d, base_d);
+  std::vector<float> out;
+  ASSERT_EQ(bed.run(bed.device_args(0.1f), out), cudaSuccess) << what;
+  EXPECT_TRUE(untouched(out)) << what << ": out was written";
+  const DeviceStatus s = bed.read_status();
+  EXPECT_EQ(s.has_device_error, 1) << what;
+  EXPECT_EQ(s.device_kind, int(DeviceErrorKind::decode_view_too_long)) << what;
+  EXPECT_EQ(s.device_len_d, len_d) << what;
+  EXPECT_EQ(s.device_base_d, base_d) << what;
+  EXPECT_EQ(s.device_limit, limit) << what;
+  EXPECT_EQ(s.has_data_error, 0) << what;
+}
+
+TEST(DecodeEdge, DeviceOverrunsWriteNothingAndRecord) {
+  KVLAYER_REQUIRE_GPU();
+  Rng rng(11);
+  {  // Flat: a view longer than the grid was sized for, and len_d past max_ctx.
+    const Geometry g = flat_geometry(2, 64, 1024);
+    ref::KvLayer layer(g);
+    append_rows(layer, random_rows(rng, 1024, g.kv_dim_k()), random_rows(rng, 1024, g.kv_dim_v()));
+    DecodeBed bed(g, 2, plan_decode(2, 64, 2, 256, device_sm_count()));
+    bed.upload_planes(layer);
+    bed.upload_query(random_query(rng, 4, 64, 1.0f));
+    expect_device_refusal(bed, 300, 0, 256, "view 300 > grid 256");
+    expect_device_refusal(bed, 257, 0, 256, "view 257 > grid 256");
+    expect_device_refusal(bed, 1025, 0, 1024, "len_d 1025 > max_ctx 1024");
+    // Sticky: a second overrun keeps the first record.
+    bed.clear_status();
+    bed.set_counters(300, 0);
+    std::vector<float> out;
+    ASSERT_EQ(bed.run(bed.device_args(0.1f), out), cudaSuccess);
+    bed.set_counters(1025, 0);
+    ASSERT_EQ(bed.run(bed.device_args(0.1f), out), cudaSuccess);
+    EXPECT_EQ(bed.read_status().device_len_d, 300);
+    // The exact limit still decodes.
+    bed.clear_status();
+    bed.set_counters(256, 0);
+    ASSERT_EQ(bed.run(bed.device_args(0.1f), out), cudaSuccess);
+    EXPECT_FALSE(untouched(out));
+    EXPECT_EQ(bed.read_status().has_device_error, 0);
+  }
+  {  // Ring: views outside the resident rows.
+    Geometry g = flat_geometry(2, 128, 4000, 300);
+    g.storage = Storage::ring;
+    g.max_append = 48;
+    g.rewind_slack = 5;
+    const std::int64_t rows = g.rows();
+    ref::KvLayer layer(g);
+    DecodeBed bed(g, 4, plan_decode(2, 128, 4, 300, device_sm_count()));
+    bed.upload_query(random_query(rng, 8, 128, 1.0f));
+    expect_device_refusal(bed, std::int32_t(64 + rows + 1), 64, rows, "len_d - base_d > rows");
+    expect_device_refusal(bed, 300, 256, rows, "view begins below base_d");
+    expect_device_refusal(bed, 4001, 3744, 4000, "len_d > max_ctx on a ring");
+  }
+}
+
+TEST(DecodeEdge, HostModeRefusesBadViewsAndArguments) {
+  KVLAYER_REQUIRE_GPU();
+  const Geometry g = flat_geometry(1, 256, 512);
+  Rng rng(13);
+  DecodeBed bed(g, 1, plan_decode(1, 256, 1, 200, device_sm_count()));
+  bed.upload_query(random_query(rng, 1, 256, 1.0f));
+  std::vector<float> out;
+  EXPECT_EQ(bed.run(bed.host_args(201, 0, 0.1f), out), cudaErrorInvalidValue);
+  EXPECT_TRUE(untouched(out));
+  EXPECT_EQ(bed.run(bed.host_args(513, 0, 0.1f), out), cudaErrorInvalidValue);
+  EXPECT_TRUE(untouched(out));
+  EXPECT_EQ(bed.run(bed.host_args(-1, 0, 0.1f), out), cudaErrorInvalidValue);
+  auto a = bed.host_args(10, 0, 0.1f);
+  a.k_plane += 2;  // only 2-byte aligned: the kernel's vector loads need 16
+  EXPECT_EQ(bed.run(a, out), cudaErrorInvalidValue);
+  EXPECT_TRUE(untouched(out));
+  a = bed.device_args(0.1f);
+  a.status = nullptr;
+  EXPECT_EQ(bed.run(a, out), cudaErrorInvalidValue);
+  EXPECT_TRUE(untouched(out));
+}
+
+TEST(DecodeEdge, CanonicalBadBlockGivesNaNOnlyWhereAttended) {
+  KVLAYER_REQUIRE_GPU();
+  constexpr int kKv = 2, kGqa = 4, kD = 128;
+  const Geometry g = flat_geometry(kKv, kD, 1000, 40);
+  Rng rng(17);
+  std::vector<float> k = random_rows(rng, 200, g.kv_dim_k());
+  std::vector<float> v = random_rows(rng, 200, g.kv_dim_v());
+  k[std::size_t(10 * g.kv_dim_k() + 1 * kD + 5)] = std::nanf("");  // row 10, KV head 1
+  v[std::size_t(100 * g.kv_dim_v() + 0 * kD + 70)] = INFINITY;     // row 100, KV head 0
+  ref::KvLayer layer(g);
+  append_rows(layer, k, v);
+  ASSERT_TRUE(layer.status().data_error.has_value());
+  const std::vector<float> q = random_query(rng, kKv * kGqa, kD, 1.0f);
+  const float scale = ref::default_scale(kD);
+  DecodeBed bed(g, kGqa, plan_decode(kKv, kD, kGqa, 40, device_sm_count()));
+  bed.upload_planes(layer);
+  bed.upload_query(q);
+  const auto nan_heads = [&](std::int64_t len) {
+    layer.rewind(len);
+    std::vector<float> out;
+    EXPECT_EQ(bed.run(bed.host_args(len, 0, scale), out), cudaSuccess);
+    const std::vector<double> want = layer.decode(q, kKv * kGqa, scale);
+    expect_within_contract(out, want, layer, q, kKv * kGqa, scale, reference_view(layer),
+                           bed.plan(), "bad blocks len " + std::to_string(len), false);
+    std::vector<bool> nan(kKv * kGqa);
+    for (int h = 0; h < kKv * kGqa; ++h)
+      for (int e = 0; e < kD; ++e) nan[h] = nan[h] || std::isnan(out[std::size_t(h * kD + e)]);
+    return nan;
+  };
+  // len 150: the view [110, 150) holds neither bad row → all finite.
+  for (bool b : nan_heads(150)) EXPECT_FALSE(b);
+  // len 120: [80, 120) holds the bad V block of KV head 0 → its query heads are NaN.
+  auto n = nan_heads(120);
+  for (int h = 0; h < kKv * kGqa; ++h) EXPECT_EQ(n[h], h / kGqa == 0) << "len 120 head " << h;
+  // len 30: [0, 30) holds the bad K block of KV head 1.
+  n = nan_heads(30);
+  for (int h = 0; h < kKv * kGqa; ++h) EXPECT_EQ(n[h], h / kGqa == 1) << "len 30 head " << h;
+}
+
+// ---- Determinism and graph replay -----------------------------------------------------------
+
+// ---- The merge: more active splits than one shared-memory chunk -----------------------------
+
+/// The merge stages at most 256 splits' partials at a time (decode.cu, kMergeChunk); a view
+/// spread over more splits is summed across chunks, in split order, within the same bound.
+TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
+  KVLAYER_REQUIRE_GPU();
+  using cuda::detail::DecodeKernel;
+  constexpr int kKv = 1, kGqa = 2, kD = 128;
+  constexpr std::int64_t kKeys = 20000;
+  const Geometry g = flat_geometry(kKv, kD, kKeys);
+  Rng rng(29);
+  ref::KvLayer full(g);
+  append_rows(full, random_rows(rng, kKeys, g.kv_dim_k()), random_rows(rng, kKeys, g.kv_dim_v()));
+  const std::vector<float> q = random_query(rng, kKv * kGqa, kD, 2.0f);
+  const float scale = ref::default_scale(kD);
+  for (const DecodeKernel kernel : {DecodeKernel::mma, DecodeKernel::cuda_core}) {
+    // Planned for a GPU of 1024 SMs: far more splits than one chunk (mma 313 of 64 keys,
+    // CUDA cores 625 of 32 keys at 20000 keys: 2 and 3 chunks).
+    const auto plan = plan_decode(kKv, kD, kGqa, kKeys, 1024, kernel);
+    ASSERT_GT(plan.n_splits, 256) << "the plan no longer spans chunks";
+    ref::KvLayer layer = full;
+    DecodeBed bed(g, kGqa, plan);
+    bed.upload_planes(layer);
+    bed.upload_query(q);
+    // Descending (rewind only shortens): every split active; just past, at and below 256
+    // active splits for the mma plan (16448, 16384) and for the CUDA-core plan (8224, 8192).
+    for (const std::int64_t n : {20000, 16448, 16384, 8224, 8192, 1000}) {
+      layer.rewind(n);
+      const std::int64_t kps =
+          cuda::detail::decode_keys_per_split(n, plan.n_splits, plan.tile_keys);
+      check_both_modes(bed, layer, q, scale,
+                       std::string(kernel == DecodeKernel::mma ? "mma" : "cuda_core") + " len " +
+                           std::to_string(n) + " active splits " +
+                           std::to_string((n + kps - 1) / kps));
+      if (HasFailure()) return;
+    }
+  }
+}
+
+TEST(DecodeDeterminism, RepeatedAndReplayedLaunchesAreBitIdentical) {
+  KVLAYER_REQUIRE_GPU();
+  constexpr int kKv = 2, kGqa = 8, kD = 128;
+  constexpr std::int64_t kKeys = 3000;
+  const Geometry g = flat_geometry(kKv, kD, kKeys);
+  Rng rng(19);
+  ref::KvLayer layer(g);
+  append_rows(layer, random_rows(rng, kKeys, g.kv_dim_k()), random_rows(rng, kKeys, g.kv_dim_v()));
+  const std::vector<float> q = random_query(rng, kKv * kGqa, kD, 2.0f);
+  const float scale = ref::default_scale(kD);
+  DecodeBed bed(g, kGqa, plan_decode(kKv, kD, kGqa, kKeys, device_sm_count()));
+  bed.upload_planes(layer);
+  bed.upload_query(q);
+
+  std::vector<float> a, b;
+  ASSERT_EQ(bed.run(bed.host_args(kKeys, 0, scale), a), cudaSuccess);
+  ASSERT_EQ(bed.run(bed.host_args(kKeys, 0, scale), b), cudaSuccess);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "two host launches differ";
+
+  // Capture one device-counter decode; replay it for several len_d set on the device.
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  bed.set_counters(std::int32_t(kKeys), 0);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  const cudaError_t launched =
+      cuda::detail::launch_decode(bed.device_args(scale), bed.plan(), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(launched, cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (const std::int32_t len : {3000, 2049, 1024, 33, 1, 0}) {
+    layer.rewind(len);
+    bed.set_counters(len, 0);
+    std::vector<float> eager, replayed;
+    ASSERT_EQ(bed.run(bed.device_args(scale), eager), cudaSuccess);
+    bed.poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    replayed = bed.read_out();
+    EXPECT_EQ(std::memcmp(eager.data(), replayed.data(), eager.size() * 4), 0)
+        << "replay differs from eager at len_d " << len;
+    expect_within_contract(replayed, layer.decode(q, kKv * kGqa, scale), layer, q, kKv * kGqa,
+                           scale, reference_view(layer), bed.plan(),
+                           "replay len_d " + std::to_string(len), len > 0);
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+}  // namespace kvlayer::testing::decode

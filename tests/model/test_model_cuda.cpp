@@ -1,0 +1,41 @@
+// The model-based property on the GPU: the reference (model) against the CUDA KvLayer
+// (system), compared byte for byte after every command (SPEC §10). SKIPPED without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#include "kvlayer/harness/cuda_system.hpp"
+#include "kvlayer/testing/gpu.hpp"
+#include "kvlayer/harness/campaign.hpp"
+
+namespace kvlayer::harness {
+namespace {
+
+/// KVLAYER_GPU_CASES / KVLAYER_GPU_SEED / KVLAYER_GPU_MAX_SIZE (commands in the largest case)
+/// override the defaults.
+std::int64_t env_or(const char* name, std::int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+TEST(ModelCuda, RandomSequencesMatchTheReferenceByteForByte) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  CampaignConfig config;
+  config.seed = std::uint64_t(env_or("KVLAYER_GPU_SEED", 20261129));
+  config.cases = env_or("KVLAYER_GPU_CASES", 200);
+  config.max_size = int(env_or("KVLAYER_GPU_MAX_SIZE", config.max_size));
+  config.make_system = cuda_system_factory();
+  const CampaignResult r = run_campaign(config);
+  std::cout << "cases " << r.cases << ", bytes compared " << r.stats.bytes_compared
+            << ", decodes " << r.stats.decodes_compared << ", graph replays "
+            << r.stats.graph_replays << ", worst error/bound " << r.stats.worst_error_ratio
+            << ", seconds " << r.seconds << "\n";
+  kvlayer::testing::bound_tightness().add(r.stats.tightness);  // printed by the shared main
+  EXPECT_TRUE(r.passed) << r.report << "\nreplay: " << r.replay_file;
+  EXPECT_GT(r.stats.bytes_compared, 0);
+  EXPECT_GT(r.stats.decodes_compared, 0);
+}
+
+}  // namespace
+}  // namespace kvlayer::harness

@@ -1,0 +1,140 @@
+// The model-based property with the reference alone (no system): every command's model
+// invariants (SPEC §10.5, logical rows preserved across rebases) and an independent float64
+// recomputation of decodes. The GPU version is test_model_cuda.cpp.
+#include <gtest/gtest.h>
+#include <rapidcheck/gtest.h>
+
+#include "kvlayer/error.hpp"
+#include "kvlayer/harness/generate.hpp"
+#include "kvlayer/harness/replay_file.hpp"
+#include "kvlayer/harness/row_data.hpp"
+
+#include <algorithm>
+#include <iostream>
+#include <cmath>
+
+namespace kvlayer::harness {
+namespace {
+
+RC_GTEST_PROP(ModelReference, RandomSequencesKeepEveryInvariant, ()) {
+  PropertyOptions options;
+  options.replay_path = "model-reference-failure.json";
+  model_based_property(options);
+}
+
+/// The ties data must be able to catch an FMA-contracted q5_1 quantizer (a planted mutant):
+/// quantizing its f32 V rows with one fused multiply-add must change some bytes.
+TEST(RowData, TiesRowsCatchAFusedQ5_1Quantizer) {
+  Geometry g;
+  g.n_kv_heads = 2;
+  g.head_dim_k = g.head_dim_v = 128;
+  g.max_ctx = 16;
+  int sensitive = 0, blocks = 0;
+  for (std::uint64_t seed = 1; seed <= 8; ++seed) {
+    const HostRows rows = make_rows(g, DType::f32, 4, seed, DataKind::ties);
+    for (std::size_t b = 0; b < rows.v.size() / kBlockValues; ++b) {
+      const float* x = rows.v.data() + b * kBlockValues;
+      const float lo = *std::min_element(x, x + kBlockValues);
+      const float hi = *std::max_element(x, x + kBlockValues);
+      const float id = 1.0f / ((hi - lo) / 31.0f);
+      ++blocks;
+      for (int j = 0; j < kBlockValues; ++j) {
+        volatile float scaled = (x[j] - lo) * id;
+        if (unsigned(scaled + 0.5f) != unsigned(std::fma(x[j] - lo, id, 0.5f))) {
+          ++sensitive;
+          break;
+        }
+      }
+    }
+  }
+  // About half the ties V blocks are FMA-sensitive ones (the others are exact-tie blocks).
+  EXPECT_GT(sensitive, blocks / 3) << sensitive << " of " << blocks << " blocks";
+  std::cout << sensitive << " of " << blocks << " ties blocks are FMA-sensitive\n";
+}
+
+TEST(ReplayFile, RoundTripsEveryCommandKind) {
+  Case c;
+  c.geometry.n_kv_heads = 2;
+  c.geometry.head_dim_k = c.geometry.head_dim_v = 64;
+  c.geometry.max_ctx = 300;
+  c.geometry.window = 61;
+  c.geometry.storage = Storage::ring;
+  c.geometry.max_append = 7;
+  c.geometry.rewind_slack = 5;
+  c.n_q_heads = 6;
+  c.dtype = DType::bf16;
+  c.seed = 18446744073709551615ull;
+  c.commands = {Append{3, 17, DataKind::ties}, AppendDc{5, DataKind::bad, true}, IncSeqlen{},
+                AccountSteps{1}, Reserve{4}, Rewind{2}, Decode{DecodeVariant::dcw, 9},
+                PhysicalRows{1, 3}, CanRewindTo{0}, GraphChain{4, 11, true}, StatusQuery{}};
+  const Case back = from_json(to_json(c));
+  EXPECT_EQ(to_json(back), to_json(c));
+  ASSERT_EQ(back.commands.size(), c.commands.size());
+  for (std::size_t i = 0; i < c.commands.size(); ++i)
+    EXPECT_EQ(describe(back.commands[i]), describe(c.commands[i]));
+}
+
+}  // namespace
+}  // namespace kvlayer::harness
+
+namespace kvlayer::harness {
+namespace {
+
+/// A malformed replay file is refused with a message naming the field and what is wrong.
+TEST(ReplayFile, MalformedFilesNameTheFieldAndTheProblem) {
+  const std::string geometry =
+      R"("geometry": {"n_kv_heads": 1, "head_dim_k": 64, "head_dim_v": 64, "max_ctx": 100, )"
+      R"("window": null, "storage": "flat", "max_append": 1, "rewind_slack": 0})";
+  const auto file = [&](const std::string& geometry_part, const std::string& rest) {
+    return R"({"format": "kvlayer-replay", "version": 1, )" + geometry_part + ", " + rest + "}";
+  };
+  const std::string ok_rest = R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [])";
+  EXPECT_NO_THROW(from_json(file(geometry, ok_rest)));
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{", "replay file: JSON: "},
+      {"[1, 2]", "replay file: top level: expected an object"},
+      {R"({"format": "other", "version": 1})", "replay file: format: expected \"kvlayer-replay\""},
+      {R"({"format": "kvlayer-replay", "version": 2})",
+       "replay file: top level.version: 2 is outside [1, 1]"},
+      {file(geometry, R"("dtype": "f32", "seed": 1, "commands": [])"),
+       "replay file: top level: missing field 'n_q_heads'"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f64", "seed": 1, "commands": [])"),
+       "replay file: dtype: unknown dtype 'f64' (expected f32, f16 or bf16)"},
+      {file(geometry, R"("n_q_heads": "two", "dtype": "f32", "seed": 1, "commands": [])"),
+       "replay file: top level.n_q_heads: expected an integer"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": -1, "commands": [])"),
+       "replay file: top level.seed: expected a non-negative integer"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": {})"),
+       "replay file: commands: expected an array"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "jump"}])"),
+       "replay file: commands[0].op: unknown op 'jump'"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "append", "n": 2, "seed": 1}])"),
+       "replay file: commands[0]: missing field 'data'"},
+      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "graph_chain", "steps": 5000, "seed": 1, "windowed": false}])"),
+       "replay file: commands[0].steps: 5000 is outside [0, 4096]"},
+      {file(R"("geometry": {"n_kv_heads": 1, "head_dim_k": 48, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "flat", "max_append": 1, "rewind_slack": 0})",
+            ok_rest),
+       "replay file: geometry: geometry: head_dim_k 48 must be a positive multiple of 32 up to 4096"},
+      {file(R"("geometry": {"n_kv_heads": 1, "head_dim_k": 64, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "circle", "max_append": 1, "rewind_slack": 0})",
+            ok_rest),
+       "replay file: geometry.storage: expected \"flat\" or \"ring\", got 'circle'"},
+  };
+  for (const auto& [text, message] : cases) {
+    try {
+      from_json(text);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::io);
+      EXPECT_EQ(std::string(e.what()).substr(0, message.size()), message) << text;
+    }
+  }
+  try {
+    read_replay_file("/nonexistent/replay.json");
+    ADD_FAILURE() << "read a file that does not exist";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "replay file /nonexistent/replay.json: cannot be read");
+  }
+}
+
+}  // namespace
+}  // namespace kvlayer::harness
