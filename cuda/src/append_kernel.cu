@@ -6,8 +6,9 @@
 // while it quantizes the previous window, and stores its quantized bytes as one contiguous run;
 // other windows load each block as 16-byte vectors, or element-wise, and store it in place.
 //
-// NOTE: the first version gave each block a warp (lane j value j, shuffle reductions): ~240
-// issue slots per block made it issue-bound at 15% of the streaming rate (bench/NOTES.md).
+// NOTE: a thread per block, not a warp per block: a warp's shuffle reductions cost ~240 issue
+// slots per block, which makes the kernel issue-bound far below the streaming rate
+// (bench/NOTES.md).
 //
 // NOTE: exactness rests on IEEE arithmetic with explicit rounding intrinsics and on this
 // target's -fmad=false --prec-div=true --ftz=false (cuda/CMakeLists.txt); never fast-math.
@@ -191,9 +192,8 @@ __device__ __forceinline__ void store_run(const std::uint8_t* stage, std::uint8_
 
 /// Each warp walks windows of 32 blocks (one block per lane) with a grid stride; the next
 /// window's copy is in flight while the current one is quantized (two stages per warp).
-/// NOTE: the 4096-row chunk ran at 28% of the streaming-read ceiling while each lane stored its
-/// own block (17 scattered 16-bit stores per K block); coalescing the loads and this pipeline
-/// alone changed nothing, staging the stores reached 44% (bench/NOTES.md, session 4).
+/// NOTE: the stores are staged too: a lane storing its own block issues 17 scattered 16-bit
+/// stores per K block, which bounds the kernel whatever the loads do (bench/NOTES.md).
 template <DType T, AppendMode M>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendArgs a) {
   __shared__ Stage<T> stages_s[kWarps][2];

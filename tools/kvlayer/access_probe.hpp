@@ -1,5 +1,5 @@
 // Device side of `kvlayer probe`: the bytes a decode_dc of 8 KV heads × head dim 128 reads,
-// read by different load patterns with no attention arithmetic (bench/NOTES.md, session 5).
+// read by different load patterns with no attention arithmetic (bench/NOTES.md).
 #pragma once
 
 #include <cuda_runtime_api.h>

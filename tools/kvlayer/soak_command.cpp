@@ -158,9 +158,9 @@ int run_soak(const std::vector<std::string>& args) {
   ok = memory_unchanged("device memory (cycles phase):", free0, free_bytes(), seconds()) && ok;
 
   // The steps phase's warm-up runs as the phase does: chains of `chain` graph launches queued
-  // up to chain · 1024 deep between host syncs, and ring rebases. NOTE: a 128-step warm-up
-  // (no rebase, queue never deep) once let the driver grow a pool by 2 MiB inside the measured
-  // phase (session 5); that is warm-up, not growth.
+  // up to chain · 1024 deep between host syncs, and ring rebases. NOTE: a shorter warm-up (no
+  // rebase, queue never deep) leaves the driver to grow a pool by 2 MiB inside the measured
+  // phase; that is warm-up, not growth.
   if (ok) ok = replay_steps(std::min(steps, 2 * chain * 1024), chain, stream.get(), false);
   const std::size_t free2 = free_bytes();
   if (ok) ok = replay_steps(steps, chain, stream.get(), true);

@@ -335,9 +335,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 /// Merge geometry: a block merges kMergeCols output columns of one query head; its threads
 /// first copy the partials' slices into shared memory (kMergeChunk splits at a time, every load
 /// in flight at once), then one warp sums them, one column per lane, in split order.
-/// NOTE: one block per query head with one thread per column (the previous merge) waited for
-/// ceil(splits / 64) dependent rounds of L2 loads: 396 splits of 1 × 128 gqa 16 took 18.9 µs of
-/// a 44 µs decode at 128K keys (ncu, bench/NOTES.md session 5).
+/// NOTE: every load of a block is in flight at once because the merge is latency-bound: a
+/// thread per column walking the splits waits for ceil(splits / 64) dependent rounds of L2
+/// loads, which at 128K keys costs more than the split grid itself (bench/NOTES.md).
 constexpr int kMergeCols = 32;
 constexpr int kMergeThreads = 256;
 constexpr int kMergeChunk = 256;  ///< splits staged at once: 32 KB of o slices

@@ -507,9 +507,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 /// The function attributes a launch of decode_split_mma_kernel<D, GM> needs: the dynamic
 /// shared-memory opt-in where its stages exceed 48 KB, nothing otherwise.
 /// NOTE: the launch and the occupancy query (mma_split_resident_blocks) both apply exactly this,
-/// so a query never enables more than a launch would: a query that set the opt-in for a 48 KB
-/// kernel once let a later launch with 48 KB + static shared memory run in the same process
-/// while failing in a fresh one (bench/NOTES.md, session 4).
+/// so a query never enables more than a launch would: the opt-in is per process, and a query
+/// that set it would let a launch succeed in that process that fails in a fresh one.
 template <int D, int GM>
 cudaError_t apply_launch_attributes() {
   constexpr int smem = MmaShape<D>::kSmemBytes;
