@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_accuracy.hpp"
 #include "commands.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "decode_step.hpp"
@@ -30,7 +32,8 @@ using cuda::Event;
 using cuda::Stream;
 
 constexpr std::string_view kUsage =
-    "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--decode-only KEYS [--shape S]]\n"
+    "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--no-accuracy]\n"
+    "                     [--decode-only KEYS [--shape S]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window; append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
@@ -38,9 +41,15 @@ constexpr std::string_view kUsage =
     "  and % of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
     "  Each row also gets its floor: the streaming-read kernel on the row's byte count, one\n"
     "  cold launch per event pair (% floor = floor µs / row µs).\n"
+    "  Accuracy: for 8x128 gqa 8 and 4x256 gqa 8 at 4K and 32K keys, on N(0,1) K/V and on K\n"
+    "  with outlier channels (4 per head, 10-50x), the attention-output error (max abs, RMS\n"
+    "  relative to the output's RMS) against a float64 attention over the unquantized values:\n"
+    "  kvlayer's GPU decode_dc (q8_0 K, q5_1 V) and host emulations of fp8 e4m3 (scale 1)\n"
+    "  and fp16 caches.\n"
     "  --json FILE   also write the results as JSON (for tools/bench-peers)\n"
     "  --reps N      timed repetitions per measurement (default 50)\n"
-    "  --quick       one geometry, fewer lengths (a smoke run)\n"
+    "  --quick       one geometry, fewer lengths, accuracy at 4K keys only (a smoke run)\n"
+    "  --no-accuracy no accuracy rows (their host float64 attention takes seconds)\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
     "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n";
@@ -53,6 +62,13 @@ struct Row {
   double bytes = 0;
 };
 
+struct AccuracyRow {
+  std::string data, format, source;
+  int n_kv_heads = 0, head_dim = 0, gqa = 0;
+  std::int64_t keys = 0;
+  ErrorStats e;
+};
+
 struct Bench {
   Stream stream;
   int reps = 50;
@@ -60,6 +76,7 @@ struct Bench {
   int sms = 0;
   double ceiling_gbs = 0;
   std::vector<Row> rows;
+  std::vector<AccuracyRow> accuracy_rows;
   DeviceBuffer stream_data, stream_sink;  ///< the ceiling's 2 GiB, reused by floor_us
   std::map<std::size_t, double> floors;   ///< floor_us by byte count
 
@@ -203,6 +220,61 @@ struct Bench {
                        8, 128, 0, n, 0, 1000.0 * ms[ms.size() / 2], bytes});
   }
 
+  /// Attention-output errors (bench_accuracy.hpp) on N(0,1) K/V, then on the same K with its
+  /// outlier channels scaled: the values are made on the host, appended to a layer of the timed
+  /// decode's geometry, decoded once by decode_dc and read back; the e4m3 and f16 caches are
+  /// emulated on the host from the same values.
+  void accuracy(int n_kv, int hd, int gqa, std::int64_t keys) {
+    Geometry g;
+    g.n_kv_heads = n_kv;
+    g.head_dim_k = g.head_dim_v = hd;
+    g.max_ctx = keys;
+    const int nq = n_kv * gqa;
+    std::vector<float> k(std::size_t(keys * g.kv_dim_k())), v(std::size_t(keys * g.kv_dim_v())),
+        q(std::size_t(nq) * hd), out(q.size());
+    const std::uint64_t seed = std::uint64_t(keys) * 1000 + std::uint64_t(hd) * 10;
+    fill_normal(k, seed);
+    fill_normal(v, seed + 1);
+    fill_normal(q, seed + 2);
+    DeviceBuffer dk(k.size() * 4), dv(v.size() * 4), dq(q.size() * 4), dout(out.size() * 4);
+    KVLAYER_CUDA_TRY(cudaMemcpyAsync(dv.get(), v.data(), dv.bytes(), cudaMemcpyHostToDevice, s()));
+    KVLAYER_CUDA_TRY(cudaMemcpyAsync(dq.get(), q.data(), dq.bytes(), cudaMemcpyHostToDevice, s()));
+    const std::vector<float> v_e4m3 = round_to(v, KvFormat::e4m3),
+                             v_f16 = round_to(v, KvFormat::f16);
+    for (const bool outliers : {false, true}) {
+      if (outliers) scale_outlier_channels(k, n_kv, hd);
+      KVLAYER_CUDA_TRY(
+          cudaMemcpyAsync(dk.get(), k.data(), dk.bytes(), cudaMemcpyHostToDevice, s()));
+      cuda::KvLayer layer(g, nq, s());
+      const std::int64_t chunk = 4096;  // the appends make_layers times
+      for (std::int64_t done = 0; done < keys; done += chunk)
+        layer.append(cuda::RowsView{dk.as<float>() + done * g.kv_dim_k(),
+                                    dv.as<float>() + done * g.kv_dim_v(),
+                                    std::min(chunk, keys - done), DType::f32});
+      layer.decode_dc(dq.as<float>(), dout.as<float>());
+      KVLAYER_CUDA_TRY(
+          cudaMemcpyAsync(out.data(), dout.get(), dout.bytes(), cudaMemcpyDeviceToHost, s()));
+      KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
+      if (const LayerStatus st = layer.status(); !st.ok())
+        throw Error(ErrorKind::device, "accuracy layer: " + st.message());
+
+      const AttentionInput in{n_kv, hd, gqa, keys, q, k, v, double(layer.default_scale())};
+      const std::vector<double> ref = attention_f64(in, false);
+      auto record = [&](const char* format, const char* source, const ErrorStats& e) {
+        accuracy_rows.push_back(AccuracyRow{outliers ? "k_outliers" : "normal", format, source,
+                                            n_kv, hd, gqa, keys, e});
+      };
+      record("q8_0/q5_1", "kvlayer GPU decode_dc",
+             error_stats(ref, std::vector<double>(out.begin(), out.end())));
+      const std::vector<float> k_e4m3 = round_to(k, KvFormat::e4m3);
+      const AttentionInput e4m3{n_kv, hd, gqa, keys, q, k_e4m3, v_e4m3, in.scale};
+      record("e4m3", "host emulation", error_stats(ref, attention_f64(e4m3, true)));
+      const std::vector<float> k_f16 = round_to(k, KvFormat::f16);
+      const AttentionInput f16{n_kv, hd, gqa, keys, q, k_f16, v_f16, in.scale};
+      record("f16", "host emulation", error_stats(ref, attention_f64(f16, true)));
+    }
+  }
+
   /// One decode step (append_dc → inc_seqlen → decode_dc) at 16K keys: replayed from a graph
   /// against launched eagerly; per-step time from 64-step loops.
   void graph_step() {
@@ -241,7 +313,7 @@ struct Bench {
 };
 
 int run_bench(const std::vector<std::string>& args) {
-  const Options o(args, {"json", "reps", "decode-only", "shape"}, {"quick"});
+  const Options o(args, {"json", "reps", "decode-only", "shape"}, {"quick", "no-accuracy"});
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
   int shape_kv = 8, shape_d = 128, shape_gqa = 8;
@@ -257,6 +329,7 @@ int run_bench(const std::vector<std::string>& args) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0)
     throw Error(ErrorKind::device, "no CUDA device found (run it on the GPU machine)");
+  const auto t0 = std::chrono::steady_clock::now();
   Bench b;
   b.reps = reps;
   const bool quick = o.flag("quick");
@@ -289,6 +362,16 @@ int run_bench(const std::vector<std::string>& args) {
   b.append(1);
   b.append(4096);
   b.graph_step();
+  if (!o.flag("no-accuracy")) {
+    // One geometry per head dim, a short and a long view: the host's float64 attention is
+    // O(keys x query heads x head dim) per format.
+    const std::vector<G> acc_geoms =
+        quick ? std::vector<G>{{8, 128, 8}} : std::vector<G>{{8, 128, 8}, {4, 256, 8}};
+    const std::vector<std::int64_t> acc_keys =
+        quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 32768};
+    for (const G& g : acc_geoms)
+      for (std::int64_t keys : acc_keys) b.accuracy(g.n_kv, g.hd, g.gqa, keys);
+  }
 
   std::printf("\n%-13s %-34s %7s %6s %10s %12s %8s %9s %9s %8s\n", "kernel", "geometry / shape",
               "keys", "window", "µs", "bytes", "GB/s", "% ceiling", "floor µs", "% floor");
@@ -317,6 +400,35 @@ int run_bench(const std::vector<std::string>& args) {
                        {"floor_us", floor},
                        {"pct_floor", 100.0 * floor / r.us}});
   }
+  nlohmann::json accuracy = nlohmann::json::array();
+  if (!b.accuracy_rows.empty())
+    std::printf(
+        "\naccuracy: attention output against float64 over the unquantized values\n"
+        "%-10s %-12s %7s %-10s %-22s %12s %12s %10s\n",
+        "data", "geometry", "keys", "format", "source", "max abs err", "rel RMS err", "ref RMS");
+  for (const AccuracyRow& a : b.accuracy_rows) {
+    const std::string geom = std::to_string(a.n_kv_heads) + "x" + std::to_string(a.head_dim) +
+                             " gqa " + std::to_string(a.gqa);
+    std::printf("%-10s %-12s %7lld %-10s %-22s %12.3e %12.3e %10.3e\n", a.data.c_str(),
+                geom.c_str(), (long long)a.keys, a.format.c_str(), a.source.c_str(),
+                a.e.max_abs_err, a.e.rel_rms_err(), a.e.ref_rms);
+    accuracy.push_back({{"data", a.data},
+                        {"shape", geom},
+                        {"n_kv_heads", a.n_kv_heads},
+                        {"head_dim", a.head_dim},
+                        {"gqa", a.gqa},
+                        {"keys", a.keys},
+                        {"format", a.format},
+                        {"source", a.source},
+                        {"max_abs_err", a.e.max_abs_err},
+                        {"rms_err", a.e.rms_err},
+                        {"rel_rms_err", a.e.rel_rms_err()},
+                        {"ref_rms", a.e.ref_rms},
+                        {"ref_max_abs", a.e.ref_max_abs}});
+  }
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\nbench took %.1f s\n", wall_s);
   if (auto path = o.get("json")) {
     char date[32];
     const std::time_t t = std::time(nullptr);
@@ -326,6 +438,12 @@ int run_bench(const std::vector<std::string>& args) {
                           {"ceiling_gbs", b.ceiling_gbs},
                           {"reps", b.reps},
                           {"results", results}};
+    doc["wall_s"] = wall_s;
+    doc["accuracy"] = accuracy;
+    if (!accuracy.empty()) {
+      doc["accuracy_method"] = std::string(kAccuracyMethod);
+      doc["outlier_channels"] = std::string(kOutlierDescription);
+    }
     std::ofstream f(*path);
     f << doc.dump(1) << "\n";
     if (!f) throw Error(ErrorKind::io, "cannot write " + *path);
