@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""CPU checks of tools/bench-peers (no GPU, standard library only): synthetic JSON of
+`kvlayer bench --json` and of peers.py go in; the decode table (fastest peer, ratio, floor and
+its source, windowed rows), the every-peer table, the accuracy table, the missing-peers and
+missing-matplotlib paths come out.
+
+    python3 tools/test_bench_peers.py        (exit 0: all passed)
+"""
+import importlib.machinery
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "bench-peers")
+
+
+def load_module():
+    loader = importlib.machinery.SourceFileLoader("bench_peers", SCRIPT)
+    spec = importlib.util.spec_from_loader("bench_peers", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+bp = load_module()
+
+
+def kv_row(name, n_kv, hd, gqa, keys, us, window=None, floor=None):
+    view = window or keys
+    nbytes = float(view * n_kv * (hd // 32) * 58 + 2 * n_kv * gqa * hd * 4)
+    r = {"name": name, "shape": f"{n_kv}x{hd} gqa {gqa}", "n_kv_heads": n_kv, "head_dim": hd,
+         "gqa": gqa, "keys": keys, "window": window, "us": us, "bytes": nbytes,
+         "gbs": nbytes / us / 1e3, "pct_ceiling": 100.0 * nbytes / us / 1e3 / 4500.0}
+    if floor is not None:
+        r.update(floor_us=floor, pct_floor=100.0 * floor / us)
+    return r
+
+
+def synthetic_kvlayer():
+    res = [{"name": "stream_read", "shape": "2 GiB", "n_kv_heads": 0, "head_dim": 0, "gqa": 0,
+            "keys": 0, "window": None, "us": 476.6, "bytes": 2147483648.0, "gbs": 4506.0,
+            "pct_ceiling": 100.0, "floor_us": 475.0, "pct_floor": 99.7}]
+    # (geometry, keys, window): graph µs; eager = graph + 4, host-len = graph + 5
+    points = [((8, 128, 8), 1024, None, 8.0), ((8, 128, 8), 4096, None, 12.0),
+              ((8, 128, 8), 131072, 4096, 11.0),
+              ((1, 128, 16), 1024, None, 7.0), ((1, 128, 16), 4096, None, 9.0)]
+    for (h, d, g), keys, window, us in points:
+        dc = "decode_dcw" if window else "decode_dc"
+        res.append(kv_row("decode", h, d, g, keys, us + 5, window, floor=6.5))
+        res.append(kv_row(dc, h, d, g, keys, us + 4, window, floor=6.5))
+        res.append(kv_row(dc + "_graph", h, d, g, keys, us, window, floor=6.5))
+    acc = []
+    for data in ("normal", "k_outliers"):
+        for fmt, src, mx, rel in (("q8_0/q5_1", "kvlayer GPU decode_dc", 1.5e-4, 3.1e-3),
+                                  ("e4m3", "host emulation", 1.3e-3, 3.8e-2),
+                                  ("f16", "host emulation", 1.5e-5, 3.6e-4)):
+            scale = 10 if data == "k_outliers" else 1
+            acc.append({"data": data, "shape": "8x128 gqa 8", "n_kv_heads": 8, "head_dim": 128,
+                        "gqa": 8, "keys": 4096, "format": fmt, "source": src,
+                        "max_abs_err": mx * scale, "rms_err": rel * 0.026 * scale,
+                        "rel_rms_err": rel * scale, "ref_rms": 0.026, "ref_max_abs": 0.12})
+    return {"date": "2026-12-02", "gpu": "NVIDIA H200", "ceiling_gbs": 4506.0, "reps": 50,
+            "wall_s": 31.0, "results": res, "accuracy": acc,
+            "accuracy_method": "synthetic method text",
+            "outlier_channels": "k_outliers: synthetic channels"}
+
+
+def peer_row(geom, keys, peer, us=None, **extra):
+    h, d, g = geom
+    r = {"geometry": f"{h}x{d}x{g}", "n_kv_heads": h, "head_dim": d, "gqa": g,
+         "n_q_heads": h * g, "keys": keys, "peer": peer, "us": us, "bytes": 1000}
+    if us is not None:
+        r.update(method="graph", calls_per_graph=16, max_abs_err=1e-3, ref_max_abs=0.1)
+    r.update(extra)
+    return r
+
+
+def synthetic_peers():
+    a, b = (8, 128, 8), (1, 128, 16)
+    rows = [
+        # 8x128x8, 1K: xqa fastest (6.0 < kvlayer 8.0) -> ratio 0.75
+        peer_row(a, 1024, "floor_q8q5", 2.3), peer_row(a, 1024, "sdpa_cudnn_f16", 7.8),
+        peer_row(a, 1024, "fi_tc_e4m3", 13.6), peer_row(a, 1024, "xqa_e4m3", 6.0),
+        peer_row(a, 1024, "xqa_int8", error="RuntimeError: boom"),
+        # 4K: a suspect peer is fastest on paper but must not count; cudnn 18.0 / 12.0 = 1.50
+        peer_row(a, 4096, "floor_q8q5", 3.1), peer_row(a, 4096, "sdpa_cudnn_f16", 18.0),
+        peer_row(a, 4096, "fi_tc_e4m3", 19.5),
+        peer_row(a, 4096, "xqa_e4m3", 1.0,
+                 suspect="output differs from the fp32 reference by >10%"),
+        peer_row(a, 4096, "fi_batch_f16", 25.0, method="eager"),
+        # 1x128x16, 1K: fi_tc fastest 14.0 / 7.0 = 2.00; 4K: no floor row, budget-skipped rows
+        peer_row(b, 1024, "floor_q8q5", 1.9), peer_row(b, 1024, "sdpa_cudnn_f16", 16.0),
+        peer_row(b, 1024, "fi_tc_e4m3", 14.0),
+        peer_row(b, 4096, "sdpa_cudnn_f16", 27.0), peer_row(b, 4096, "fi_tc_e4m3", 18.0),
+        {"geometry": "1x128x16", "keys": 4096, "peer": "xqa_e4m3", "us": None,
+         "error": "skipped: time budget"},
+    ]
+    return {"env": {"device": "NVIDIA H200", "driver": "580.159.04", "torch": "2.11.0+cu130",
+                    "flashinfer-python": "0.7.4+kvpeers", "triton": "3.6.0"},
+            "args": {}, "rows": rows, "total_s": 41.5}
+
+
+def table(text, title):
+    """The rows of the markdown table under '## title', as lists of cells."""
+    lines = text.split("\n")
+    i = lines.index("## " + title)
+    rows = []
+    for ln in lines[i + 1:]:
+        if ln.startswith("## "):
+            break
+        if ln.startswith("|") and not ln.startswith("|---"):
+            rows.append([c.strip() for c in ln.strip().strip("|").split("|")])
+    return rows[0], rows[1:]
+
+
+def by_point(rows):
+    return {(r[0], r[1], r[2]): r for r in rows}
+
+
+def test_join():
+    joined = bp.join(synthetic_kvlayer(), synthetic_peers())
+    j = {(x["geometry"], x["keys"], x["window"]): x for x in joined}
+    assert len(joined) == 5, len(joined)
+    x = j[((8, 128, 8), 1024, None)]
+    assert x["fastest_peer"] == "xqa_e4m3" and abs(x["ratio"] - 0.75) < 1e-12, x
+    assert x["graph_us"] == 8.0 and x["eager_us"] == 12.0 and x["host_len_us"] == 13.0
+    assert x["floor_source"] == "peers" and x["floor_us"] == 2.3
+    assert abs(x["gbs"] - x["bytes"] / 8.0 / 1e3) < 1e-9
+    x = j[((8, 128, 8), 4096, None)]
+    assert x["fastest_peer"] == "sdpa_cudnn_f16" and abs(x["ratio"] - 1.5) < 1e-12, x
+    # the window row reads 4096 keys: the peers at 4096 stand in
+    w = j[((8, 128, 8), 131072, 4096)]
+    assert w["peer_keys"] == 4096 and w["fastest_peer"] == "sdpa_cudnn_f16"
+    assert abs(w["ratio"] - 18.0 / 11.0) < 1e-12 and w["floor_us"] == 3.1
+    x = j[((1, 128, 16), 4096, None)]
+    assert x["floor_source"] == "kvlayer" and x["floor_us"] == 6.5
+    assert x["fastest_peer"] == "fi_tc_e4m3" and abs(x["ratio"] - 2.0) < 1e-12
+    # without peers: no fastest, floors from kvlayer
+    for x in bp.join(synthetic_kvlayer(), None):
+        assert x["fastest_peer"] is None and x["ratio"] is None and x["floor_source"] == "kvlayer"
+    print("join: fastest peer, ratio, floors, windows ok")
+
+
+def run_main(tmp, peers=True, extra=()):
+    kvp = os.path.join(tmp, "kvlayer.json")
+    with open(kvp, "w") as f:
+        json.dump(synthetic_kvlayer(), f)
+    args = ["--kvlayer", kvp, "--out", os.path.join(tmp, "out")]
+    if peers:
+        pp = os.path.join(tmp, "peers.json")
+        with open(pp, "w") as f:
+            json.dump(synthetic_peers(), f)
+        args += ["--peers", pp]
+    assert bp.main(args + list(extra)) == 0
+    with open(os.path.join(tmp, "out", "RESULTS.md")) as f:
+        return f.read()
+
+
+def test_results_md():
+    with tempfile.TemporaryDirectory() as tmp:
+        text = run_main(tmp, extra=["--no-plot"])
+    head, rows = table(text, "Decode: kvlayer against the fastest peer")
+    assert head == ["geometry", "keys", "window", "kvlayer graph µs", "eager µs", "MB", "GB/s",
+                    "floor µs", "% floor", "fastest peer", "peer µs", "peer / kvlayer"], head
+    r = by_point(rows)
+    assert r[("8×128 gqa 8", "1024", "—")][9:] == ["xqa_e4m3", "6.0", "0.75"]
+    assert r[("8×128 gqa 8", "1024", "—")][3:5] == ["8.0", "12.0"]
+    assert r[("8×128 gqa 8", "1024", "—")][7:9] == ["2.3", "28.7"]  # 2.3 / 8.0
+    assert r[("8×128 gqa 8", "4096", "—")][9:] == ["sdpa_cudnn_f16", "18.0", "1.50"]
+    assert r[("8×128 gqa 8", "131072", "4096")][9:] == ["sdpa_cudnn_f16", "18.0", "1.64"]
+    assert r[("1×128 gqa 16", "4096", "—")][7] == "6.5†"
+    assert r[("1×128 gqa 16", "1024", "—")][9:] == ["fi_tc_e4m3", "14.0", "2.00"]
+    head, rows = table(text, "Every peer (µs per call)")
+    assert head[:4] == ["geometry", "keys", "window", "kvlayer graph"]
+    assert head[4:] == ["sdpa_cudnn_f16", "fi_batch_f16", "fi_tc_e4m3", "xqa_e4m3", "xqa_int8",
+                        "floor_q8q5"], head
+    r = {(x[0], x[1], x[2]): dict(zip(head, x)) for x in rows}
+    assert r[("8×128 gqa 8", "4096", "—")]["xqa_e4m3"] == "1.0!"
+    assert r[("8×128 gqa 8", "4096", "—")]["fi_batch_f16"] == "25.0e"
+    assert r[("8×128 gqa 8", "1024", "—")]["xqa_int8"] == "err"
+    assert r[("1×128 gqa 16", "4096", "—")]["xqa_e4m3"] == "—"  # skipped by the budget
+    head, rows = table(text, "Accuracy")
+    assert head[:4] == ["data", "geometry", "keys", "ref RMS"]
+    assert head[4:] == ["q8_0/q5_1 max abs", "q8_0/q5_1 rel RMS", "e4m3 max abs",
+                        "e4m3 rel RMS", "f16 max abs", "f16 rel RMS"], head
+    assert rows[0][:3] == ["normal", "8×128 gqa 8", "4096"]
+    assert rows[0][4:] == ["1.50e-04", "3.10e-03", "1.30e-03", "3.80e-02", "1.50e-05", "3.60e-04"]
+    assert rows[1][0] == "k_outliers" and rows[1][5] == "3.10e-02"
+    assert "synthetic method text" in text and "k_outliers: synthetic channels." in text
+    assert "GPU: NVIDIA H200, driver 580.159.04" in text and "FlashInfer 0.7.4+kvpeers" in text
+    _, rows = table(text, "Every kvlayer row")
+    assert rows[0][0] == "stream_read" and len(rows) == 16, len(rows)
+    _, rows = table(text, "Peer rows without a time, or flagged")
+    assert {r[2] for r in rows} == {"xqa_int8", "xqa_e4m3"} and len(rows) == 3
+    print("RESULTS.md: decode, every-peer, accuracy and kvlayer tables ok")
+
+
+def test_no_peers_no_matplotlib():
+    saved = sys.modules.get("matplotlib", "absent")
+    sys.modules["matplotlib"] = None  # import matplotlib raises ImportError
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            text = run_main(tmp, peers=False)
+            assert not os.path.exists(os.path.join(tmp, "out", "decode.png"))
+    finally:
+        if saved == "absent":
+            del sys.modules["matplotlib"]
+        else:
+            sys.modules["matplotlib"] = saved
+    assert "**No peers JSON**" in text
+    _, rows = table(text, "Decode: kvlayer against the fastest peer")
+    assert all(r[9:] == ["—", "—", "—"] and r[7].endswith("†") for r in rows), rows
+    print("no peers, no matplotlib: RESULTS.md written, plot skipped")
+
+
+def test_cli_missing_peers_file():
+    with tempfile.TemporaryDirectory() as tmp:
+        kvp = os.path.join(tmp, "kvlayer.json")
+        with open(kvp, "w") as f:
+            json.dump(synthetic_kvlayer(), f)
+        out = os.path.join(tmp, "o")
+        p = subprocess.run([sys.executable, SCRIPT, "--kvlayer", kvp, "--peers",
+                            os.path.join(tmp, "missing.json"), "--out", out, "--no-plot"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert "no peers" in p.stderr and os.path.exists(os.path.join(out, "RESULTS.md"))
+    print("CLI: a missing peers file still gives RESULTS.md")
+
+
+if __name__ == "__main__":
+    tests = [test_join, test_results_md, test_no_peers_no_matplotlib, test_cli_missing_peers_file]
+    for t in tests:
+        t()
+    print(f"{len(tests)} passed, 0 failed")
