@@ -205,15 +205,16 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendAr
     if (a.host_len_d_out != nullptr && blockIdx.x == 0 && threadIdx.x == 0)
       *a.host_len_d_out = static_cast<std::int32_t>(logical0 + a.n);
   } else {
-    // Device-counter row (SPEC §7), checked in the reference's order: max_ctx first.
+    // Device-counter rows len_d … len_d + n − 1 (SPEC §7, §11), checked in the reference's
+    // order: max_ctx first; any row out of bounds writes none.
     const long long len = *a.len_d;
     const long long base = M == AppendMode::dcw ? *a.base_d : 0;
     int kind = 0;
     long long limit = 0;
-    if (len >= a.max_ctx) {
+    if (len + a.n > a.max_ctx) {
       kind = int(DeviceErrorKind::append_past_max_ctx);
       limit = a.max_ctx;
-    } else if (M == AppendMode::dcw && (len - base < 0 || len - base >= a.rows)) {
+    } else if (M == AppendMode::dcw && (len - base < 0 || len - base + a.n > a.rows)) {
       kind = int(DeviceErrorKind::append_outside_rows);
       limit = a.rows;
     }

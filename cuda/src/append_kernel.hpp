@@ -13,8 +13,8 @@ namespace kvlayer::cuda::detail {
 /// Where the rows go.
 enum class AppendMode : std::uint8_t {
   host,  ///< n rows at physical_row0 (logical_row0), both given by value
-  dc,    ///< one row at physical *len_d (flat layers)
-  dcw,   ///< one row at physical *len_d − *base_d (any layer)
+  dc,    ///< n rows (a draft step: SPEC §11) at physical *len_d (flat layers)
+  dcw,   ///< n rows at physical *len_d − *base_d (any layer)
 };
 
 /// One append launch. Pointers are device pointers.

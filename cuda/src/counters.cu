@@ -6,8 +6,8 @@
 namespace kvlayer::cuda::detail {
 namespace {
 
-__global__ void inc_seqlen_kernel(std::int32_t* len_d) {
-  if (*len_d < INT_MAX) *len_d += 1;  // the counters are int32 (SPEC §1)
+__global__ void inc_seqlen_kernel(std::int32_t* len_d, std::int32_t n) {
+  if (*len_d <= INT_MAX - n) *len_d += n;  // the counters are int32 (SPEC §1)
 }
 
 __global__ void set_counters_kernel(std::int32_t* len_d, std::int32_t* base_d, long long len,
@@ -18,8 +18,8 @@ __global__ void set_counters_kernel(std::int32_t* len_d, std::int32_t* base_d, l
 
 }  // namespace
 
-cudaError_t launch_inc_seqlen(std::int32_t* len_d, cudaStream_t stream) {
-  inc_seqlen_kernel<<<1, 1, 0, stream>>>(len_d);
+cudaError_t launch_inc_seqlen(std::int32_t* len_d, std::int32_t n, cudaStream_t stream) {
+  inc_seqlen_kernel<<<1, 1, 0, stream>>>(len_d, n);
   return cudaGetLastError();
 }
 

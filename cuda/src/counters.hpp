@@ -9,7 +9,8 @@
 namespace kvlayer::cuda::detail {
 
 /// *len_d += 1, saturating at INT32_MAX like the reference model (one thread; capturable).
-cudaError_t launch_inc_seqlen(std::int32_t* len_d, cudaStream_t stream);
+/// len_d += n (n ≥ 1), saturating below INT32_MAX + 1 (the counter's type; SPEC §1).
+cudaError_t launch_inc_seqlen(std::int32_t* len_d, std::int32_t n, cudaStream_t stream);
 
 /// Stream-ordered counter writes from host operations: *len_d = len when len ≥ 0, and
 /// *base_d = base when base ≥ 0 (a negative value leaves that counter alone).

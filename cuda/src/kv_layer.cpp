@@ -40,7 +40,7 @@ static_assert(kPlaneTailBytes == detail::kPlaneTailBytes);
 
 /// Refuses every legal geometry the CUDA kernels do not support (SPEC §1), naming the value and
 /// the supported set.
-void check_supported(const Geometry& g, int n_q_heads) {
+void check_supported(const Geometry& g, int n_q_heads, int max_verify) {
   if (g.head_dim_k != g.head_dim_v)
     refuse(kCtor, "head_dim_k ", g.head_dim_k, " != head_dim_v ", g.head_dim_v,
            ": the CUDA layer supports equal K and V head dims of 64, 128 or 256");
@@ -54,6 +54,8 @@ void check_supported(const Geometry& g, int n_q_heads) {
   if (gqa > kMaxGqa)
     refuse(kCtor, "gqa ", gqa, " (n_q_heads ", n_q_heads, " / n_kv_heads ", g.n_kv_heads,
            ") is not supported (supported: 1..", kMaxGqa, ")");
+  if (max_verify < 1 || max_verify > kMaxVerify)
+    refuse(kCtor, "max_verify ", max_verify, " is not supported (supported: 1..", kMaxVerify, ")");
 }
 
 }  // namespace
@@ -61,6 +63,7 @@ void check_supported(const Geometry& g, int n_q_heads) {
 struct KvLayer::State {
   Geometry g;
   int n_q_heads = 0;
+  int max_verify = 0;
   cudaStream_t stream = nullptr;
   std::int64_t rows = 0;
   detail::DecodePlan decode_plan;
@@ -103,6 +106,12 @@ struct KvLayer::State {
   void check_one_row(const RowsView& r, const char* op) const {
     check_rows(r, op);
     if (r.n != 1) refuse(op, "n ", r.n, " must be 1");
+  }
+
+  /// T of a multi-row step or a verify decode (SPEC §11).
+  void check_verify_count(std::int64_t t, const char* op) const {
+    if (t < 1) refuse(op, "T ", t, " must be at least 1");
+    if (t > max_verify) refuse(op, "T ", t, " exceeds max_verify ", max_verify);
   }
 
   static void check_decode_pointers(const float* q, const float* out, const char* op) {
@@ -180,8 +189,9 @@ struct KvLayer::State {
   }
 
   void decode(const float* q, float* out, std::optional<float> scale, bool device_counters,
-              bool with_base) {
+              bool with_base, int queries = 0) {
     detail::DecodeArgs a;
+    a.queries = queries;
     a.k_plane = k_plane.as<std::uint8_t>();
     a.v_plane = v_plane.as<std::uint8_t>();
     a.rows = rows;
@@ -210,14 +220,15 @@ struct KvLayer::State {
   }
 };
 
-KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream)
+KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, int max_verify)
     : s_(std::make_unique<State>()) {
   State& s = *s_;
   geometry.validate();
-  check_supported(geometry, n_q_heads);
+  check_supported(geometry, n_q_heads, max_verify);
   detail::arm_device_mutants();  // no-op unless built with KVLAYER_MUTANTS
   s.g = geometry;
   s.n_q_heads = n_q_heads;
+  s.max_verify = max_verify;
   s.stream = stream;
   s.rows = geometry.rows();
 
@@ -227,6 +238,10 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream)
   const std::int64_t max_view = geometry.window ? std::min(*geometry.window, s.rows) : s.rows;
   s.decode_plan = detail::plan_decode(geometry.n_kv_heads, geometry.head_dim_k,
                                       n_q_heads / geometry.n_kv_heads, max_view, sms);
+  // A verify decode's views reach max_verify − 1 keys further back than a decode's window.
+  const std::int64_t verify_view =
+      geometry.window ? std::min<std::int64_t>(*geometry.window + max_verify - 1, s.rows) : s.rows;
+  detail::plan_verify(s.decode_plan, max_verify, verify_view, sms);
 
   const auto k_bytes = std::size_t(s.rows * geometry.k_tok_bytes()) + detail::kPlaneTailBytes;
   const auto v_bytes = std::size_t(s.rows * geometry.v_tok_bytes()) + detail::kPlaneTailBytes;
@@ -257,6 +272,9 @@ cudaStream_t KvLayer::stream() const {
 }
 std::int64_t KvLayer::rows() const {
   return s_->rows;
+}
+int KvLayer::max_verify() const {
+  return s_->max_verify;
 }
 std::int64_t KvLayer::len() const {
   return s_->len;
@@ -328,8 +346,27 @@ void KvLayer::append_dcw(const RowsView& one_row) {
                          "launch_append");
 }
 
-void KvLayer::inc_seqlen() {
-  KVLAYER_CUDA_TRY_NAMED(detail::launch_inc_seqlen(s_->len_d(), s_->stream), "launch_inc_seqlen");
+void KvLayer::append_rows_dc(const RowsView& rows) {
+  State& s = *s_;
+  s.check_rows(rows, "append_rows_dc");
+  s.check_verify_count(rows.n, "append_rows_dc");
+  if (s.g.is_ring()) refuse("append_rows_dc", "ring layers use append_rows_dcw");
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(rows), AppendMode::dc, s.stream),
+                         "launch_append");
+}
+
+void KvLayer::append_rows_dcw(const RowsView& rows) {
+  State& s = *s_;
+  s.check_rows(rows, "append_rows_dcw");
+  s.check_verify_count(rows.n, "append_rows_dcw");
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(rows), AppendMode::dcw, s.stream),
+                         "launch_append");
+}
+
+void KvLayer::inc_seqlen(int n) {
+  s_->check_verify_count(n, "inc_seqlen");
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_inc_seqlen(s_->len_d(), n, s_->stream),
+                         "launch_inc_seqlen");
 }
 
 void KvLayer::account_steps(std::int64_t k) {
@@ -363,6 +400,39 @@ void KvLayer::decode_dcw(const float* q, float* out, std::optional<float> scale)
   State::check_decode_pointers(q, out, "decode_dcw");
   if (!s.g.window) refuse("decode_dcw", "the layer has no window; use decode_dc");
   s.decode(q, out, scale, true, true);
+}
+
+void KvLayer::decode_rows(const float* q, float* out, int T, std::optional<float> scale) {
+  State& s = *s_;
+  State::check_decode_pointers(q, out, "decode_rows");
+  s.check_verify_count(T, "decode_rows");
+  if (s.len < T) refuse("decode_rows", "len ", s.len, " is less than T ", T);
+  const std::int64_t first_end = s.len - T + 1;  // query 0's view end
+  const std::int64_t begin =
+      s.g.window ? std::max<std::int64_t>(0, first_end - *s.g.window) : 0;
+  if (begin < s.base)
+    refuse("decode_rows", "the view of query 0 starts at logical row ", begin, ", below base ",
+           s.base, " (not resident)");
+  s.decode(q, out, scale, false, false, T);
+}
+
+void KvLayer::decode_rows_dc(const float* q, float* out, int T, std::optional<float> scale) {
+  State& s = *s_;
+  State::check_decode_pointers(q, out, "decode_rows_dc");
+  s.check_verify_count(T, "decode_rows_dc");
+  if (s.g.is_ring()) refuse("decode_rows_dc", "ring layers use decode_rows_dcw");
+  if (s.g.window)
+    refuse("decode_rows_dc", "attends [0, len_d) and ignores the window ", *s.g.window,
+           "; windowed layers use decode_rows_dcw");
+  s.decode(q, out, scale, true, false, T);
+}
+
+void KvLayer::decode_rows_dcw(const float* q, float* out, int T, std::optional<float> scale) {
+  State& s = *s_;
+  State::check_decode_pointers(q, out, "decode_rows_dcw");
+  s.check_verify_count(T, "decode_rows_dcw");
+  if (!s.g.window) refuse("decode_rows_dcw", "the layer has no window; use decode_rows_dc");
+  s.decode(q, out, scale, true, true, T);
 }
 
 LayerStatus KvLayer::status() const {
@@ -437,6 +507,11 @@ DecodePlanInfo KvLayer::decode_plan() const {
 
 kvlayer::AccumulationShape KvLayer::accumulation_shape() const {
   return detail::accumulation_shape(s_->decode_plan);
+}
+
+kvlayer::AccumulationShape KvLayer::verify_accumulation_shape(int T) const {
+  s_->check_verify_count(T, "verify_accumulation_shape");
+  return detail::verify_accumulation_shape(s_->decode_plan, T);
 }
 
 float KvLayer::default_scale() const {

@@ -343,8 +343,8 @@ constexpr int kMergeThreads = 256;
 constexpr int kMergeChunk = 256;  ///< splits staged at once: 32 KB of o slices
 static_assert(kMergeCols == 32, "one lane per column in the sum");
 
-/// Grid (n_kv·gqa query heads, head_dim / kMergeCols), kMergeThreads threads: merges the
-/// active splits' partials. Per output element the arithmetic is fixed: M = max of the m_i,
+/// Grid (n_kv × query rows per KV head (query_rows), head_dim / kMergeCols), kMergeThreads
+/// threads: merges the active splits' partials of one query row. Per output element the arithmetic is fixed: M = max of the m_i,
 /// w_i = exp2f((m_i − M)·log2e) (exactly 1 for the max), num and den summed by fmaf in split
 /// order, out = num / den. Writes nothing when the view is in error.
 __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const MergeParams p) {
@@ -356,17 +356,19 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   const View view = resolve_view(p.view, MutantSite::decode_merge);
   if (view.error) return;  // the split kernel recorded it
   const int D = p.head_dim;
-  const int h = blockIdx.x, kv = h / p.gqa, g = h % p.gqa;
+  const int rows = query_rows(p.view.queries, p.gqa);
+  const int h = blockIdx.x, kv = h / rows, g = h % rows;
+  const long long out_row = query_row_index(g, kv, p.gqa, p.n_kv);
   const int col0 = blockIdx.y * kMergeCols;
   const int tid = threadIdx.x;
   const long long n = view.end - view.begin;
   if (n <= 0) {
-    if (tid < kMergeCols) p.out[(long long)h * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
+    if (tid < kMergeCols) p.out[out_row * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
     return;
   }
   const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys);
   const int active = static_cast<int>((n + kps - 1) / kps);
-  const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, p.gqa, D);
+  const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, rows, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
 
   // Copies splits [i0, i0 + chunk) of this block's columns (16-byte pieces) and their l.
@@ -375,25 +377,25 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
     constexpr int kPieces = kMergeCols / 4;
     for (int q = tid; q < chunk * kPieces; q += kMergeThreads) {
       const int j = q / kPieces, piece = q % kPieces;
-      const long long part = (part0 + i0 + j) * p.gqa + g;
+      const long long part = (part0 + i0 + j) * rows + g;
       cp_async<16>(&o_s[j][4 * piece], s.o + part * D + col0 + 4 * piece);
     }
     for (int j = tid; j < chunk; j += kMergeThreads)
-      cp_async<4>(&l_s[j], s.l + (part0 + i0 + j) * p.gqa + g);
+      cp_async<4>(&l_s[j], s.l + (part0 + i0 + j) * rows + g);
     cp_async_commit();
   };
   stage_chunk(0);  // independent of the max below: its loads overlap the max pass
 
   // M = max_i m_i (fmaxf is exact and order-free); then the weights.
   float top = kNegSentinel;
-  for (int i = tid; i < active; i += kMergeThreads) top = fmaxf(top, s.m[(part0 + i) * p.gqa + g]);
+  for (int i = tid; i < active; i += kMergeThreads) top = fmaxf(top, s.m[(part0 + i) * rows + g]);
   top = warp_max(top);
   if (tid % 32 == 0) red_s[tid / 32] = top;
   __syncthreads();
   top = kNegSentinel;
   for (int i = 0; i < kMergeThreads / 32; ++i) top = fmaxf(top, red_s[i]);
   for (int i = tid; i < active; i += kMergeThreads) {
-    const float mi = s.m[(part0 + i) * p.gqa + g];
+    const float mi = s.m[(part0 + i) * rows + g];
     w_s[i] = mi == top ? 1.0f : exp2f((mi - top) * kLog2e);
   }
 
@@ -417,7 +419,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
       }
     }
   }
-  if (tid < kMergeCols) p.out[(long long)h * D + col0 + tid] = num / den;
+  if (tid < kMergeCols) p.out[out_row * D + col0 + tid] = num / den;
 }
 
 template <int D, int GMAX>
@@ -445,7 +447,10 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        ((plan.kernel == DecodeKernel::cuda_core &&
                          plan.tile_keys == decode_tile_keys(plan.head_dim)) ||
                         (plan.kernel == DecodeKernel::mma && plan.tile_keys == kDecodeMmaTileKeys));
-  if (!plan_ok) return cudaErrorInvalidValue;
+  const int T = a.queries;
+  const bool verify = T > 0;
+  if (!plan_ok || T < 0 || (verify && T > plan.max_verify)) return cudaErrorInvalidValue;
+  const long long max_view = verify ? plan.verify_max_view_keys : plan.max_view_keys;
   const auto misaligned = [](const void* ptr) {
     return reinterpret_cast<std::uintptr_t>(ptr) % kDecodePlaneAlignment != 0;
   };
@@ -457,15 +462,17 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   if (a.len_d == nullptr) {
     // Host mode: the same checks the device makes, made here so a bad view launches nothing.
     const long long len = a.host_len, base = a.host_base;
-    const long long begin = a.window > 0 ? (len > a.window ? len - a.window : 0) : 0;
-    if (len < 0 || len > a.max_ctx || base < 0 || begin < base || len - base > a.rows ||
-        len - begin > plan.max_view_keys)
+    const long long first_end = T > 1 ? len - T + 1 : len;
+    const long long begin = a.window > 0 ? (first_end > a.window ? first_end - a.window : 0) : 0;
+    if (len < 0 || len > a.max_ctx || (verify && len < T) || base < 0 || begin < base ||
+        len - base > a.rows || len - begin > max_view)
       return cudaErrorInvalidValue;
   }
 
   const long long blocks_per_head = plan.head_dim / 32;
-  const ViewParams vp{a.len_d,  a.base_d, a.host_len, a.host_base,
-                      a.window, a.rows,   a.max_ctx,  plan.max_view_keys};
+  const ViewParams vp{a.len_d,  a.base_d, a.host_len, a.host_base, a.window,
+                      a.rows,   a.max_ctx, max_view,  T};
+  const int n_splits = verify ? verify_splits(plan, T) : plan.n_splits;
   const SplitParams sp{vp,
                        a.k_plane,
                        a.v_plane,
@@ -474,11 +481,12 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        a.q,
                        a.scale,
                        plan.gqa,
-                       plan.n_splits,
+                       n_splits,
                        a.scratch,
                        a.status};
-  const dim3 grid(static_cast<unsigned>(plan.n_splits), static_cast<unsigned>(plan.n_kv_heads));
-  if (plan.kernel == DecodeKernel::mma) {
+  const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(plan.n_kv_heads),
+                  static_cast<unsigned>(verify ? verify_row_chunks(plan, T) : 1));
+  if (plan.kernel == DecodeKernel::mma || verify) {
     if (const cudaError_t err = launch_split_mma(sp, plan, grid, stream); err != cudaSuccess)
       return err;
   } else {
@@ -496,14 +504,14 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   }
   if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
 
-  const MergeParams mp{
-      vp,       a.out, plan.gqa, plan.n_splits, plan.tile_keys, plan.n_kv_heads, plan.head_dim,
-      a.scratch};
+  const int tile_keys = verify ? kDecodeMmaTileKeys : plan.tile_keys;
+  const MergeParams mp{vp,       a.out,           plan.gqa,       n_splits,
+                       tile_keys, plan.n_kv_heads, plan.head_dim, a.scratch};
   // Programmatic dependent launch: the merge grid may be scheduled while the split grid drains;
   // it waits for the split grid's completion (wait_for_split_grid) before reading scratch.
   // NOTE: saves the launch gap between the two kernels (bench/NOTES.md); graph-capturable.
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(plan.n_kv_heads * plan.gqa),
+  config.gridDim = dim3(static_cast<unsigned>(plan.n_kv_heads * query_rows(T, plan.gqa)),
                         static_cast<unsigned>(plan.head_dim / kMergeCols));
   config.blockDim = dim3(kMergeThreads);
   config.stream = stream;

@@ -40,11 +40,38 @@ struct DecodePlan {
   /// mma kernels: the longest chain of mma accumulations into one PV accumulator (a warp's
   /// 16-key tiles of the longest split); 0 for cuda_core.
   std::int64_t pv_mma_steps = 0;
+  /// Verify decodes (SPEC §11, plan_verify): up to max_verify queries per launch, whose union
+  /// of views spans at most verify_max_view_keys keys; verify_blocks split blocks fill the
+  /// device (shared by a launch's row chunks). 0: the plan serves no verify decode.
+  int max_verify = 0;
+  std::int64_t verify_max_view_keys = 0;
+  std::int64_t verify_blocks = 0;
 };
 
 /// What the accuracy contract needs of a plan (kvlayer/accuracy.hpp, rounding points
 /// (1)-(5)): every GPU comparison takes its bound's shape from here.
 kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
+
+/// Makes `plan` serve verify decodes of 1..max_verify queries (SPEC §11) whose views span up to
+/// verify_max_view_keys keys, and grows its scratch to fit the largest. Verify decodes run on
+/// the tensor-core split kernel (decode_mma.cu) whatever plan.kernel says. Throws
+/// kvlayer::Error (refused) for max_verify outside [1, kMaxVerify] or a view outside
+/// [1, 2^31 − 1].
+void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
+                 int multiprocessor_count);
+
+/// The most queries a verify decode takes (query rows per KV head: up to 16 × 16).
+inline constexpr int kMaxVerify = 64;
+
+/// Query-row chunks of a verify decode of T queries (blockIdx.z): 16 rows each, one when all
+/// T·gqa rows fit one mma tile.
+int verify_row_chunks(const DecodePlan& plan, int T);
+
+/// Splits along the keys of a verify decode of T queries.
+int verify_splits(const DecodePlan& plan, int T);
+
+/// The accumulation shape of a verify decode of T queries (each output row's bound, SPEC §11).
+kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T);
 
 /// Alignment the decode needs of k_plane, v_plane (it issues 4/8/16-byte vector loads).
 /// NOTE: cudaMalloc pointers qualify; a plane must not start at an offset into a buffer.
@@ -86,8 +113,10 @@ struct DecodeArgs {
   const std::int32_t* base_d = nullptr;
   std::int64_t host_len = 0;
   std::int64_t host_base = 0;
-  const float* q = nullptr;  ///< [n_kv_heads·gqa, head_dim] f32
-  float* out = nullptr;      ///< [n_kv_heads·gqa, head_dim] f32
+  /// 0: a decode. T ≥ 1: a verify decode of T queries (SPEC §11), q and out [T, ·, head_dim].
+  int queries = 0;
+  const float* q = nullptr;  ///< [n_kv_heads·gqa, head_dim] f32 (× queries for verify)
+  float* out = nullptr;      ///< [n_kv_heads·gqa, head_dim] f32 (× queries for verify)
   float scale = 0;
   void* scratch = nullptr;         ///< plan.scratch_bytes, allocated once
   DeviceStatus* status = nullptr;  ///< device errors (view too long / outside rows)

@@ -31,6 +31,9 @@ struct ViewParams {
   const std::int32_t* base_d;
   long long host_len, host_base;
   long long window, rows, max_ctx, max_view;
+  /// 0: a decode (one query at len). T ≥ 1: a verify decode (SPEC §11): T queries at
+  /// len − T … len − 1, each with its own causal window; the launch attends their union.
+  long long queries;
 };
 
 struct View {
@@ -54,7 +57,10 @@ __device__ inline View resolve_view(const ViewParams& p, MutantSite site) {
   }
   v.base = base;
   v.end = v.len;
-  v.begin = p.window > 0 ? (v.len - p.window > 0 ? v.len - p.window : 0) : 0;
+  // The first query's position + 1 − window: len − window for a decode, (len − T + 1) − window
+  // for verify.
+  const long long first_end = p.queries > 1 ? v.len - p.queries + 1 : v.len;
+  v.begin = p.window > 0 ? (first_end - p.window > 0 ? first_end - p.window : 0) : 0;
   if (KVLAYER_DEVICE_MUTANT(decode_window_off_by_one) && p.window > 0 && v.begin < v.len) {
     ++v.begin;  // planted bug: one key too few
     KVLAYER_MUTANT_REACHED(site);
@@ -63,6 +69,9 @@ __device__ inline View resolve_view(const ViewParams& p, MutantSite site) {
     if (v.len < 0 || v.len > p.max_ctx) {
       v.error = true;
       v.limit = p.max_ctx;
+    } else if (p.queries > 0 && v.len < p.queries) {
+      v.error = true;  // fewer keys than verified queries: no causal view for query 0
+      v.limit = p.queries;
     } else if (base < 0 || v.begin < base || v.len - base > p.rows) {
       v.error = true;
       v.limit = p.rows;
@@ -89,18 +98,36 @@ __device__ inline long long split_end(long long lo, long long kps, long long vie
   return hi;
 }
 
-/// Partial results of one (KV head, split): o[gqa][D], m[gqa], l[gqa] at fixed offsets.
+/// End of the keys a verified query at logical position `pos` attends: itself and the rows
+/// before it (SPEC §11, causal among the new rows).
+__device__ __forceinline__ long long verify_row_end(long long pos) {
+  return pos + 1;
+}
+
+/// Partial results of one (KV head, split): o[rows][D], m[rows], l[rows] at fixed offsets,
+/// rows = the query rows of a KV head (query_rows()).
 struct Scratch {
   float* o;
   float* m;
   float* l;
 };
 
-__host__ __device__ inline Scratch scratch_layout(void* base, int n_kv, int n_splits, int gqa,
+__host__ __device__ inline Scratch scratch_layout(void* base, int n_kv, int n_splits, int rows,
                                                   int d) {
   float* f = static_cast<float*>(base);
-  const long long parts = (long long)n_kv * n_splits * gqa;
+  const long long parts = (long long)n_kv * n_splits * rows;
   return Scratch{f, f + parts * d, f + parts * d + parts};
+}
+
+/// Query rows per KV head: gqa for a decode, T·gqa for a verify decode; row r is query r / gqa
+/// (position len − T + r / gqa), head r % gqa of the KV head.
+__host__ __device__ inline int query_rows(long long queries, int gqa) {
+  return queries > 1 ? int(queries) * gqa : gqa;
+}
+
+/// Index of row r of KV head kv in the [T, n_q_heads, ·] layout of q and out.
+__host__ __device__ inline long long query_row_index(int r, int kv, int gqa, int n_kv) {
+  return ((long long)(r / gqa) * n_kv + kv) * gqa + r % gqa;
 }
 
 struct SplitParams {
@@ -130,9 +157,12 @@ __device__ __forceinline__ void wait_for_split_grid() {
 }
 
 /// What one split block attends and where its partial goes: keys [lo, hi) at physical row
-/// key − base, partial o[gqa][D], m[gqa], l[gqa].
+/// key − base; its query rows [row0, row0 + nrows) of the KV head (all of them, unless a
+/// verify grid splits them over blockIdx.z), partial o[nrows][D], m[nrows], l[nrows].
 struct SplitRange {
   long long lo, hi, base;
+  long long len;  ///< the view's end: the last query sits at len − 1
+  int row0, nrows;
   float* o;
   float* m;
   float* l;
@@ -148,7 +178,11 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
                                          MutantSite site) {
   allow_merge_launch();
   SplitRange r{};
-  const int split = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x, G = p.gqa;
+  const int split = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x;
+  const int rows = query_rows(p.view.queries, p.gqa);
+  const int rows_per_block = gridDim.z == 1 ? rows : (rows + gridDim.z - 1) / gridDim.z;
+  r.row0 = blockIdx.z * rows_per_block;
+  r.nrows = rows - r.row0 < rows_per_block ? rows - r.row0 : rows_per_block;
   const View view = resolve_view(p.view, site);
   if (view.error) {
     if (split == 0 && kv == 0 && tid == 0)
@@ -157,18 +191,19 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   }
   const long long n = view.end - view.begin;
   if (n <= 0) return r;  // the merge writes the all-zero output
-  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, G, head_dim);
+  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, rows, head_dim);
   const long long part = (long long)kv * p.n_splits + split;  // partial index
-  r.o = scratch.o + part * G * head_dim;
-  r.m = scratch.m + part * G;
-  r.l = scratch.l + part * G;
+  r.o = scratch.o + (part * rows + r.row0) * head_dim;
+  r.m = scratch.m + part * rows + r.row0;
+  r.l = scratch.l + part * rows + r.row0;
   const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys);
   r.lo = view.begin + split * kps;
   r.hi = split_end(r.lo, kps, view.end, site);
   r.base = view.base;
-  if (r.lo >= r.hi) {
-    for (int i = tid; i < G * head_dim; i += blockDim.x) r.o[i] = 0.0f;
-    for (int h = tid; h < G; h += blockDim.x) {
+  r.len = view.end;
+  if (r.lo >= r.hi || r.nrows <= 0) {
+    for (int i = tid; i < r.nrows * head_dim; i += blockDim.x) r.o[i] = 0.0f;
+    for (int h = tid; h < r.nrows; h += blockDim.x) {
       r.m[h] = kNegSentinel;
       r.l[h] = 0.0f;
     }
@@ -181,14 +216,15 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
 /// The last step of a tensor-core split block (decode_mma.cu, decode_mma_direct.cu): merges its
 /// kWarps warps' online-softmax states into the split's partial, in f32, warps in order:
 /// m = max_w m_w, weight_w = exp2f((m_w − m)·log2e) (exactly 1 for the max), l = Σ l_w·weight_w,
-/// o = Σ o_w·weight_w. m_s, l_s, w_s hold [warp][head] at row stride `heads`; o_s [warp][head]
-/// rows of `o_stride` floats. Call after a __syncthreads that made m_s, l_s and o_s visible.
+/// o = Σ o_w·weight_w, for the block's r.nrows rows. m_s, l_s, w_s hold [warp][row] at row
+/// stride `heads`; o_s [warp][row] rows of `o_stride` floats. Call after a __syncthreads that
+/// made m_s, l_s and o_s visible.
 template <int kWarps, int kThreads>
-__device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int gqa, int head_dim,
+__device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int head_dim,
                                                          int heads, const float* m_s,
                                                          const float* l_s, float* w_s,
                                                          const float* o_s, int o_stride) {
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, gqa = r.nrows;
   if (tid < gqa) {
     float top = kNegSentinel;
 #pragma unroll

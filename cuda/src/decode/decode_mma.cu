@@ -220,9 +220,11 @@ struct ChunkWalk {
   }
 };
 
-/// One block per (split, KV head). GM: mma rows in use (8 when gqa ≤ 8: rows g + 8 are padding
-/// and skipped; else 16).
-template <int D, int GM>
+/// One block per (split, KV head) — and, for a verify decode of more than 16 query rows, per
+/// 16 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
+/// are padding and skipped; else 16). kRows: a verify decode (SPEC §11): the block's row r is
+/// query r / gqa, which attends only the keys of its own causal window.
+template <int D, int GM, bool kRows>
 __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     decode_split_mma_kernel(const SplitParams p) {
   using S = MmaShape<D>;
@@ -247,6 +249,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   unsigned qa[NB][2][kHi ? 4 : 2];
   {
     const float* q_kv = p.q + (long long)kv * G * D;
+    const int n_kv = int(gridDim.y);
 #pragma unroll
     for (int b = 0; b < NB; ++b)
 #pragma unroll
@@ -256,12 +259,14 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           // Register r (compact for GM 8: 0 → a0, 1 → a2).
           const int row = g + (kHi ? 8 * (r & 1) : 0);
           const int h = kHi ? r >> 1 : r;
+          const float* q_row =
+              kRows ? p.q + query_row_index(range.row0 + row, kv, G, n_kv) * D : q_kv + row * D;
           float x[2] = {0.0f, 0.0f};
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int quant = k_slot_quant(b & 1, ks, t, h, e);
-            if (row < G)
-              x[e] = q_operand(q_kv[row * D + 32 * b + quant], p.scale, MutantSite::decode_mma);
+            if (row < range.nrows)
+              x[e] = q_operand(q_row[32 * b + quant], p.scale, MutantSite::decode_mma);
           }
           qa[b][ks][r] = pack_f16x2(x[0], x[1]);
         }
@@ -312,6 +317,22 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 
   // Per-warp state. Row r = 0: head g; r = 1: head g + 8 (GM 16 only).
   constexpr int R = kHi ? 2 : 1;
+  // kRows: the keys [row_lo, row_hi) each of this lane's rows attends (SPEC §11: query i at
+  // position p_i = len − T + i sees [max(0, p_i + 1 − window), p_i + 1)); padding rows none.
+  [[maybe_unused]] long long row_lo[R], row_hi[R];
+  if constexpr (kRows) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int row = g + 8 * r;
+      row_lo[r] = 0;
+      row_hi[r] = 0;
+      if (row < range.nrows) {
+        const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
+        row_hi[r] = verify_row_end(pos);
+        row_lo[r] = p.view.window > 0 && pos + 1 - p.view.window > 0 ? pos + 1 - p.view.window : 0;
+      }
+    }
+  }
   float m_run[R], l_run[R];  // m identical in the 4 lanes of a row; l per lane (its keys)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -383,12 +404,18 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     float alpha[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
+      // Whether key 8nt + 2t + e of the tile is in this row's view.
+      const auto attends = [&](int nt, int e) {
+        const int k = 8 * nt + 2 * t + e;
+        if constexpr (kRows) return k < valid && key0 + k >= row_lo[r] && key0 + k < row_hi[r];
+        return k < valid;
+      };
       float top = kNegSentinel;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          if (8 * nt + 2 * t + e < valid) top = fmaxf(top, s[nt][2 * r + e]);
+          if (attends(nt, e)) top = fmaxf(top, s[nt][2 * r + e]);
       top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
       top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
       const float m_new = fmaxf(m_run[r], top);
@@ -398,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
         for (int e = 0; e < 2; ++e)
-          if (8 * nt + 2 * t + e < valid) {
+          if (attends(nt, e)) {
             pr[nt][2 * r + e] = exp2f((s[nt][2 * r + e] - m_new) * kLog2e);
             sum += pr[nt][2 * r + e];
           }
@@ -501,30 +528,31 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           make_float2(o[j][2 * r], o[j][2 * r + 1]);
     }
   __syncthreads();
-  merge_warps_into_partial<kWarps, kThreads>(range, G, D, 16, m_s, l_s, w_s, o_s, S::kOStride);
+  merge_warps_into_partial<kWarps, kThreads>(range, D, 16, m_s, l_s, w_s, o_s, S::kOStride);
 }
 
-/// The function attributes a launch of decode_split_mma_kernel<D, GM> needs: the dynamic
+/// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows> needs: the dynamic
 /// shared-memory opt-in where its stages exceed 48 KB, nothing otherwise.
 /// NOTE: the launch and the occupancy query (mma_split_resident_blocks) both apply exactly this,
 /// so a query never enables more than a launch would: the opt-in is per process, and a query
 /// that set it would let a launch succeed in that process that fails in a fresh one.
-template <int D, int GM>
+template <int D, int GM, bool kRows = false>
 cudaError_t apply_launch_attributes() {
   constexpr int smem = MmaShape<D>::kSmemBytes;
   if constexpr (smem > 48 * 1024) {
     // Not a stream operation (legal while capturing); set per launch so every device the
     // process uses gets it.
-    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM>,
+    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM, kRows>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   return cudaSuccess;
 }
 
-template <int D, int GM>
+template <int D, int GM, bool kRows = false>
 cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  if (const cudaError_t err = apply_launch_attributes<D, GM>(); err != cudaSuccess) return err;
-  decode_split_mma_kernel<D, GM><<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
+  if (const cudaError_t err = apply_launch_attributes<D, GM, kRows>(); err != cudaSuccess)
+    return err;
+  decode_split_mma_kernel<D, GM, kRows><<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
   return cudaGetLastError();
 }
 
@@ -532,7 +560,7 @@ cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
 template <int D, int GM>
 cudaError_t resident_blocks(int* blocks) {
   if (const cudaError_t err = apply_launch_attributes<D, GM>(); err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode_split_mma_kernel<D, GM>,
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode_split_mma_kernel<D, GM, false>,
                                                        kThreads, MmaShape<D>::kSmemBytes);
 }
 
@@ -541,10 +569,27 @@ cudaError_t launch_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream
   return sp.gqa <= 8 ? launch<D, 8>(sp, grid, stream) : launch<D, 16>(sp, grid, stream);
 }
 
+/// A verify decode: 16 query rows per block (8 when all of them fit).
+template <int D>
+cudaError_t launch_rows_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  return query_rows(sp.view.queries, sp.gqa) <= 8 ? launch<D, 8, true>(sp, grid, stream)
+                                                  : launch<D, 16, true>(sp, grid, stream);
+}
+
 }  // namespace
 
 cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3 grid,
                              cudaStream_t stream) {
+  if (sp.view.queries > 0) {
+    switch (plan.head_dim) {
+      case 64:
+        return launch_rows_for_dim<64>(sp, grid, stream);
+      case 128:
+        return launch_rows_for_dim<128>(sp, grid, stream);
+      default:
+        return launch_rows_for_dim<256>(sp, grid, stream);
+    }
+  }
   if (split_mma_direct_serves(plan.head_dim, plan.gqa))
     return launch_split_mma_direct(sp, grid, stream);
   switch (plan.head_dim) {

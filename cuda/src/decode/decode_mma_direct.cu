@@ -440,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o_s[warp][2 * t + (e & 1)][v_dim(m, g, e >> 1)] = o[m][e];
   __syncthreads();
-  merge_warps_into_partial<kWarps, kThreads>(range, G, kD, kHeads, &m_s[0][0], &l_s[0][0],
+  merge_warps_into_partial<kWarps, kThreads>(range, kD, kHeads, &m_s[0][0], &l_s[0][0],
                                              &w_s[0][0], &o_s[0][0][0], kOStride);
 }
 

@@ -77,6 +77,51 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   return p;
 }
 
+void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
+                 int multiprocessor_count) {
+  const char* op = "plan_verify";
+  if (max_verify < 1 || max_verify > kMaxVerify)
+    refuse(op, "max_verify ", max_verify, " is outside the supported range [1, ", kMaxVerify, "]");
+  if (verify_max_view_keys < 1 || verify_max_view_keys > std::numeric_limits<std::int32_t>::max())
+    refuse(op, "verify_max_view_keys ", verify_max_view_keys, " is outside [1, 2^31 - 1]");
+  plan.max_verify = max_verify;
+  plan.verify_max_view_keys = verify_max_view_keys;
+  plan.verify_blocks =
+      std::int64_t(decode_mma_blocks_per_sm(plan.head_dim, 16)) * std::max(multiprocessor_count, 1);
+  for (int t = 1; t <= max_verify; ++t) {
+    const std::size_t rows = std::size_t(t) * std::size_t(plan.gqa);
+    const std::size_t bytes = std::size_t(plan.n_kv_heads) * std::size_t(verify_splits(plan, t)) *
+                              rows * std::size_t(plan.head_dim + 2) * sizeof(float);
+    plan.scratch_bytes = std::max(plan.scratch_bytes, bytes);
+  }
+}
+
+int verify_row_chunks(const DecodePlan& plan, int T) {
+  const int rows = T * plan.gqa;
+  return rows <= 16 ? 1 : (rows + 15) / 16;
+}
+
+int verify_splits(const DecodePlan& plan, int T) {
+  // As plan_decode: one resident wave of blocks, now shared by the row chunks, no split
+  // shorter than a tile.
+  const std::int64_t max_tiles = (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
+  const std::int64_t splits = plan.verify_blocks / (std::int64_t(plan.n_kv_heads) * verify_row_chunks(plan, T));
+  return int(std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits)));
+}
+
+kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T) {
+  const int splits = verify_splits(plan, T);
+  const std::int64_t kps =
+      decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys);
+  kvlayer::AccumulationShape shape;
+  shape.max_keys_per_split = kps;
+  shape.n_splits = splits;
+  shape.rescales = kps / kDecodeMmaTileKeys + 1;  // as plan_decode's mma kernel
+  shape.tensor_core = true;
+  shape.pv_mma_steps = kps / kDecodeMmaTileKeys;
+  return shape;
+}
+
 kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan) {
   kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = plan.max_keys_per_split;

@@ -66,6 +66,10 @@ struct DecodePlanInfo {
 inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
 /// Largest supported n_q_heads / n_kv_heads.
 inline constexpr int kMaxGqa = 16;
+/// max_verify of a layer constructed without one (SPEC §11: at least 16 supported).
+inline constexpr int kDefaultMaxVerify = 16;
+/// Largest supported max_verify.
+inline constexpr int kMaxVerify = 64;
 /// Bytes allocated past the last row of each plane, zeroed at construction and never written
 /// (kernels may issue 16-byte loads running past a row's end; SPEC §1).
 inline constexpr std::size_t kPlaneTailBytes = 256;
@@ -78,8 +82,11 @@ class KvLayer {
  public:
   /// Builds an empty layer (planes zeroed, counters 0). Refuses an illegal geometry (the
   /// reference's messages) and any the CUDA kernels do not support: head_dim_k != head_dim_v,
-  /// head dims outside {64, 128, 256}, n_q_heads not a multiple of n_kv_heads, gqa > 16.
-  KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream = nullptr);
+  /// head dims outside {64, 128, 256}, n_q_heads not a multiple of n_kv_heads, gqa > 16,
+  /// max_verify outside [1, kMaxVerify]. max_verify (SPEC §11) is the most queries a verify
+  /// decode takes; the decode grid and scratch are sized for it here, once.
+  KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream = nullptr,
+          int max_verify = kDefaultMaxVerify);
   ~KvLayer();
   KvLayer(KvLayer&&) noexcept;
   KvLayer& operator=(KvLayer&&) noexcept;
@@ -91,6 +98,8 @@ class KvLayer {
   cudaStream_t stream() const;
   /// Physical rows of each plane (SPEC §6).
   std::int64_t rows() const;
+  /// The most queries a verify decode takes (fixed at construction).
+  int max_verify() const;
 
   // ---- Host-len operations (not capturable: they plan on host state) ---------------------
 
@@ -121,8 +130,15 @@ class KvLayer {
   /// Writes one row at physical len_d − base_d; len_d unchanged. Writes nothing and records a
   /// device error when len_d ≥ max_ctx, else when the row is outside the plane.
   void append_dcw(const RowsView& one_row);
-  /// len_d += 1 on the device (saturating at INT32_MAX).
-  void inc_seqlen();
+  /// Writes rows.n = T draft rows (1 ≤ T ≤ max_verify) at physical len_d … len_d + T − 1 (SPEC
+  /// §11), bytes identical to T append_dc calls; len_d unchanged. Flat layers only. When any
+  /// row would reach max_ctx it writes nothing and records append_past_max_ctx.
+  void append_rows_dc(const RowsView& rows);
+  /// The same at physical len_d − base_d …: writes nothing and records a device error when any
+  /// row would reach max_ctx, else when any row is outside the plane.
+  void append_rows_dcw(const RowsView& rows);
+  /// len_d += n on the device (1 ≤ n ≤ max_verify; saturating at INT32_MAX).
+  void inc_seqlen(int n = 1);
   /// Host accounting after k replayed device-counter steps: len += k. Refused when k < 0,
   /// len + k > max_ctx, or len + k − base > rows (more steps than reserve() made room for).
   /// Not capturable (host state only; enqueues nothing).
@@ -140,6 +156,26 @@ class KvLayer {
   /// Windowed layers only. A view outside the resident rows writes nothing and records
   /// decode_view_too_long. Capturable.
   void decode_dcw(const float* q, float* out, std::optional<float> scale = std::nullopt);
+
+  // ---- Verify decode (SPEC §11): q f32 [T, n_q_heads, head_dim], out the same --------------
+  // Query i (0 ≤ i < T) sits at p_i = L − T + i (L = len, or len_d) and attends
+  // [s_i, p_i + 1), s_i = max(0, p_i + 1 − window) on a windowed layer, else 0: row i is the
+  // decode a single query would get at len p_i + 1, within the same accuracy contract
+  // (verify_accumulation_shape). Every K/V byte is read from memory once per call for all T
+  // queries; runs on tensor cores whatever KVLAYER_DECODE_KERNEL says.
+
+  /// Host-len verify. Refused when T < 1, T > max_verify, len < T, or s_0 < base (ring).
+  void decode_rows(const float* q, float* out, int T, std::optional<float> scale = std::nullopt);
+  /// Device-counter verify over L = len_d. Flat, window-less layers only. Capturable (T fixed
+  /// at capture). Where the host variant would refuse (len_d < T, past max_ctx) it writes
+  /// nothing and records decode_view_too_long.
+  void decode_rows_dc(const float* q, float* out, int T,
+                      std::optional<float> scale = std::nullopt);
+  /// Device-counter verify over L = len_d at physical key − base_d. Windowed layers only.
+  /// Capturable. A first view outside the resident rows writes nothing and records
+  /// decode_view_too_long.
+  void decode_rows_dcw(const float* q, float* out, int T,
+                       std::optional<float> scale = std::nullopt);
 
   // ---- Status and read-back (synchronize the stream; never inside a capture) --------------
 
@@ -171,6 +207,8 @@ class KvLayer {
   /// and merged partials), from which ref::decode_bound derives the accuracy bound (include
   /// kvlayer/accuracy.hpp to use it).
   kvlayer::AccumulationShape accumulation_shape() const;
+  /// The accumulation shape of a verify decode of T queries (every output row's bound).
+  kvlayer::AccumulationShape verify_accumulation_shape(int T) const;
   /// 1/sqrt(head_dim_k) computed in f32, the scale used when none is given.
   float default_scale() const;
 
