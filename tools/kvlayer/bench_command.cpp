@@ -36,7 +36,9 @@ constexpr std::string_view kUsage =
     "                     [--decode-only KEYS [--shape S]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
-    "  window; append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
+    "  window; verify decode (SPEC §11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
+    "  4x256 gqa 8 at 4K, 16K and 128K keys and with a 4096-key window, graph-replayed;\n"
+    "  append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
     "  the same step launched eagerly. Reports medians (CUDA events) in µs, bytes moved, GB/s\n"
     "  and % of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
     "  Each row also gets its floor: the streaming-read kernel on the row's byte count, one\n"
@@ -50,6 +52,7 @@ constexpr std::string_view kUsage =
     "  --reps N      timed repetitions per measurement (default 50)\n"
     "  --quick       one geometry, fewer lengths, accuracy at 4K keys only (a smoke run)\n"
     "  --no-accuracy no accuracy rows (their host float64 attention takes seconds)\n"
+    "  --no-verify   no verify rows\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
     "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n";
@@ -60,6 +63,7 @@ struct Row {
   std::int64_t keys = 0, window = 0;
   double us = 0;
   double bytes = 0;
+  int queries = 0;  ///< verify rows: T (0 otherwise)
 };
 
 struct AccuracyRow {
@@ -171,6 +175,36 @@ struct Bench {
     // The same calls replayed from a graph, 20 per replay (rotating layers): GPU time alone,
     // without the host's launch work between the two events (what an engine's graph sees).
     record(window ? "decode_dcw_graph" : "decode_dc_graph", graph_us(20, dc));
+  }
+
+  /// Verify decodes (decode_rows_dc / decode_rows_dcw) of T queries over `keys` keys, replayed
+  /// from a graph as the decode_dc_graph rows are; bytes: the union of the T views once, plus
+  /// q and out.
+  void verify(int n_kv, int hd, int gqa, std::int64_t keys, std::int64_t window,
+              const std::vector<int>& ts) {
+    Geometry g;
+    g.n_kv_heads = n_kv;
+    g.head_dim_k = g.head_dim_v = hd;
+    g.max_ctx = keys;
+    if (window) g.window = window;
+    const int nq = n_kv * gqa;
+    const int t_max = *std::max_element(ts.begin(), ts.end());
+    auto layers = make_layers(g, nq, keys);
+    DeviceBuffer q(std::size_t(t_max * nq * hd) * 4), out(std::size_t(t_max * nq * hd) * 4);
+    KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), std::size_t(t_max * nq * hd), 98, s()));
+    for (int t : ts) {
+      const std::int64_t view = window ? std::min(window + t - 1, keys) : keys;
+      const double bytes = double(view) * n_kv * (hd / 32) * (34 + 24) + 2.0 * t * nq * hd * 4;
+      const auto call = [&](int i) {
+        cuda::KvLayer& l = *layers[std::size_t(i) % layers.size()];
+        window ? l.decode_rows_dcw(q.as<float>(), out.as<float>(), t)
+               : l.decode_rows_dc(q.as<float>(), out.as<float>(), t);
+      };
+      Row r{window ? "verify_dcw_graph" : "verify_dc_graph", "", n_kv, hd, gqa, keys, window,
+            graph_us(20, call), bytes};
+      r.queries = t;
+      rows.push_back(r);
+    }
   }
 
   /// Median per-call µs of `count` calls f(0..count) captured once into a graph and replayed.
@@ -313,7 +347,8 @@ struct Bench {
 };
 
 int run_bench(const std::vector<std::string>& args) {
-  const Options o(args, {"json", "reps", "decode-only", "shape"}, {"quick", "no-accuracy"});
+  const Options o(args, {"json", "reps", "decode-only", "shape"},
+                  {"quick", "no-accuracy", "no-verify"});
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
   int shape_kv = 8, shape_d = 128, shape_gqa = 8;
@@ -359,6 +394,17 @@ int run_bench(const std::vector<std::string>& args) {
     for (std::int64_t keys : lengths) b.decode(g.n_kv, g.hd, g.gqa, keys, 0);
     b.decode(g.n_kv, g.hd, g.gqa, 131072, 4096);
   }
+  if (!o.flag("no-verify")) {
+    const std::vector<int> ts = {1, 2, 4, 8, 16};
+    const std::vector<G> verify_geoms =
+        quick ? std::vector<G>{{8, 128, 8}} : std::vector<G>{{8, 128, 8}, {4, 256, 8}};
+    const std::vector<std::int64_t> verify_keys =
+        quick ? std::vector<std::int64_t>{4096} : std::vector<std::int64_t>{4096, 16384, 131072};
+    for (const G& g : verify_geoms) {
+      for (std::int64_t keys : verify_keys) b.verify(g.n_kv, g.hd, g.gqa, keys, 0, ts);
+      b.verify(g.n_kv, g.hd, g.gqa, 131072, 4096, ts);
+    }
+  }
   b.append(1);
   b.append(4096);
   b.graph_step();
@@ -383,7 +429,8 @@ int run_bench(const std::vector<std::string>& args) {
                                        " gqa " + std::to_string(r.gqa)
                                  : r.shape;
     const double floor = b.floor_us(r.bytes);
-    std::printf("%-13s %-34s %7lld %6s %10.2f %12.0f %8.0f %8.1f%% %9.2f %7.1f%%\n", r.name.c_str(),
+    const std::string name = r.queries ? r.name + " T" + std::to_string(r.queries) : r.name;
+    std::printf("%-13s %-34s %7lld %6s %10.2f %12.0f %8.0f %8.1f%% %9.2f %7.1f%%\n", name.c_str(),
                 geom.c_str(), (long long)r.keys, r.window ? std::to_string(r.window).c_str() : "-",
                 r.us, r.bytes, gbs, 100.0 * gbs / b.ceiling_gbs, floor, 100.0 * floor / r.us);
     results.push_back({{"name", r.name},
@@ -393,6 +440,7 @@ int run_bench(const std::vector<std::string>& args) {
                        {"gqa", r.gqa},
                        {"keys", r.keys},
                        {"window", r.window ? nlohmann::json(r.window) : nlohmann::json(nullptr)},
+                       {"queries", r.queries ? nlohmann::json(r.queries) : nlohmann::json(nullptr)},
                        {"us", r.us},
                        {"bytes", r.bytes},
                        {"gbs", gbs},
