@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The on-device half of tools/device-check (run there by the device tool, in the repo root):
 #   1. every GoogleTest binary in BUILD/bin, in parallel (the CPU-only ones too);
+#      beside them the consumer example BUILD/bin/examples/engine_loop (tools/device-check
+#      builds it against an install of the build), run as a program, not a GoogleTest binary
+#      ("example engine_loop": PASS on exit status 0 only; MISSING when it was not built);
 #   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU test binaries,
 #      with gtest filters that keep each under a few minutes, the four tools in parallel;
 #   3. one summary table (step, result, seconds), also written to $OUT/summary.txt, and the
@@ -88,6 +91,26 @@ run_step() {
   fi
 }
 
+# run_program NAME LOG TIMEOUT CMD...: run_step for a program that is not a GoogleTest binary:
+# PASS on exit status 0 only (77, "no CUDA device", is a failure here like any other).
+run_program() {
+  local name=$1 log=$2 limit=$3
+  shift 3
+  local start end rc result
+  start=$(date +%s.%N)
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  end=$(date +%s.%N)
+  case $rc in
+    0) result=PASS ;;
+    124 | 137) result="TIMEOUT(${limit}s)" ;;
+    77) result="FAIL(no CUDA device)" ;;
+    *) result="FAIL(rc=$rc)" ;;
+  esac
+  printf '%s|%s|%s\n' "$name" "$result" "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')" \
+    >"$results/$(echo "$name" | tr ' /()' '____')"
+}
+
 # ---- environment -----------------------------------------------------------------------------
 {
   echo "device-check on $(hostname) at $(date -u +%FT%TZ), build $build, origin ${origin:-none}"
@@ -122,6 +145,14 @@ done
 if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer_decode_test" ]]; then
   run_step "test kvlayer_decode_test (cuda_core)" "$work/logs/test_kvlayer_decode_test_cuda_core.log" \
     "$test_timeout" env KVLAYER_DECODE_KERNEL=cuda_core "$build/bin/kvlayer_decode_test" --gtest_color=no &
+fi
+# The consumer example: in a subfolder of bin/, so not in the GoogleTest list above.
+example="$build/bin/examples/engine_loop"
+if [[ $sanitize_only == 0 && -x "$example" ]]; then
+  run_program "example engine_loop" "$work/logs/test_example_engine_loop.log" "$test_timeout" \
+    "$example" &
+elif [[ $sanitize_only == 0 ]]; then
+  printf '%s|%s|%s\n' "example engine_loop" "MISSING(not built)" "0" >"$results/example_engine_loop"
 fi
 wait
 
