@@ -29,12 +29,13 @@ def load_module():
 bp = load_module()
 
 
-def kv_row(name, n_kv, hd, gqa, keys, us, window=None, floor=None):
-    view = window or keys
-    nbytes = float(view * n_kv * (hd // 32) * 58 + 2 * n_kv * gqa * hd * 4)
+def kv_row(name, n_kv, hd, gqa, keys, us, window=None, floor=None, queries=None):
+    view = window + (queries or 1) - 1 if window else keys
+    nbytes = float(view * n_kv * (hd // 32) * 58 + 2 * (queries or 1) * n_kv * gqa * hd * 4)
     r = {"name": name, "shape": f"{n_kv}x{hd} gqa {gqa}", "n_kv_heads": n_kv, "head_dim": hd,
-         "gqa": gqa, "keys": keys, "window": window, "us": us, "bytes": nbytes,
-         "gbs": nbytes / us / 1e3, "pct_ceiling": 100.0 * nbytes / us / 1e3 / 4500.0}
+         "gqa": gqa, "keys": keys, "window": window, "queries": queries, "us": us,
+         "bytes": nbytes, "gbs": nbytes / us / 1e3,
+         "pct_ceiling": 100.0 * nbytes / us / 1e3 / 4500.0}
     if floor is not None:
         r.update(floor_us=floor, pct_floor=100.0 * floor / us)
     return r
@@ -102,6 +103,72 @@ def synthetic_peers():
     return {"env": {"device": "NVIDIA H200", "driver": "580.159.04", "torch": "2.11.0+cu130",
                     "flashinfer-python": "0.7.4+kvpeers", "triton": "3.6.0"},
             "args": {}, "rows": rows, "total_s": 41.5}
+
+
+# kvlayer's verify µs per (keys, window) and T, for 8x128 gqa 8; T = 1 decode: 12.0 at 4096,
+# 85.0 at 131072 (added by synthetic_verify_kvlayer), 11.0 for the window
+VERIFY_US = {(4096, None): {1: 12.5, 8: 14.0, 16: 19.0},
+             (131072, None): {1: 86.0, 8: 95.0, 16: 120.0},
+             (131072, 4096): {1: 11.5, 8: 13.0, 16: 15.0}}
+
+
+def synthetic_verify_kvlayer():
+    kv = synthetic_kvlayer()
+    res = kv["results"]
+    res.append(kv_row("decode_dc_graph", 8, 128, 8, 131072, 85.0, floor=60.0))
+    for (keys, window), by_t in VERIFY_US.items():
+        for t, us in by_t.items():
+            res.append(kv_row("verify_dcw_graph" if window else "verify_dc_graph", 8, 128, 8,
+                              keys, us, window, floor=6.0, queries=t))
+    return kv
+
+
+def vrow(keys, window, t, peer, us=None, ok=True, **extra):
+    note = {"sdpa_cudnn_f16": "explicit boolean mask",
+            "sdpa_flash_f16": "causal_lower_right (bottom-right causal)",
+            "fi_prefill_f16": "causal=True (bottom-right)" if window is None else
+                              "packed custom mask (window_left needs a use_swa module)",
+            "fi_prefill_e4m3": "causal=True (bottom-right)"}[peer]
+    r = {"peer": peer, "shape": "8x128 gqa 8", "n_kv_heads": 8, "head_dim": 128, "gqa": 8,
+         "keys": keys, "window": window, "queries": t, "us": us, "max_abs_err": None,
+         "ok": None, "note": ""}
+    if us is not None:
+        r.update(max_abs_err=1e-3, ref_max_abs=1.0, note=note, method="graph",
+                 form="mask" if peer == "sdpa_cudnn_f16" else "x")
+    if us is not None or extra.get("check"):
+        r["ok"] = ok
+    r.update(extra)
+    return r
+
+
+def synthetic_verify_peers():
+    w = 4096
+    rows = [
+        vrow(24, None, 16, "sdpa_cudnn_f16", check=True, ok=True, note="mask check: mask ok",
+             max_abs_err=1e-3),
+        vrow(40, 8, 16, "sdpa_cudnn_f16", check=True, ok=False,
+             note="mask check (small case): mask: RuntimeError: No available kernel"),
+        # 4096, T = 8: the flagged e4m3 row (10.0) must not be the fastest: 18.2 / 14.0 = 1.30
+        vrow(4096, None, 8, "sdpa_cudnn_f16", 30.0), vrow(4096, None, 8, "sdpa_flash_f16", 20.0),
+        vrow(4096, None, 8, "fi_prefill_f16", 18.2),
+        vrow(4096, None, 8, "fi_prefill_e4m3", 10.0, ok=False,
+             note="causal=True (bottom-right); output off the fp32 reference by > 10%"),
+        vrow(4096, None, 1, "sdpa_cudnn_f16", error="RuntimeError: No available kernel"),
+        vrow(4096, None, 1, "sdpa_flash_f16", 16.0),  # 16.0 / 12.5 = 1.28
+        vrow(4096, None, 16, "sdpa_flash_f16", 25.0),  # 25.0 / 19.0 = 1.32
+        vrow(131072, None, 1, "sdpa_cudnn_f16", 140.0), vrow(131072, None, 1, "sdpa_flash_f16", 130.0),
+        vrow(131072, None, 1, "fi_prefill_e4m3", 70.0),  # 70 / 86 = 0.81
+        vrow(131072, None, 8, "fi_prefill_e4m3", 80.0),  # 80 / 95 = 0.84
+        vrow(131072, None, 16, "fi_prefill_e4m3", 90.0),  # 90 / 120 = 0.75: the lowest
+        vrow(131072, w, 1, "sdpa_cudnn_f16", 30.0), vrow(131072, w, 1, "fi_prefill_f16", 20.0),
+        vrow(131072, w, 1, "sdpa_flash_f16",
+             error="skipped: the flash backend takes no explicit mask (only causal_lower_right), "
+                   "and a window needs a band mask"),
+        vrow(131072, w, 8, "sdpa_cudnn_f16", 31.0), vrow(131072, w, 8, "fi_prefill_f16", 21.0),
+        vrow(131072, w, 16, "sdpa_cudnn_f16", error="skipped: time budget"),
+    ]
+    return {"env": {"device": "NVIDIA H200", "torch": "2.11.0+cu130",
+                    "flashinfer_prefill": "imported"}, "rows": rows, "total_s": 52.0}
 
 
 def table(text, title):
@@ -217,6 +284,90 @@ def test_no_peers_no_matplotlib():
     print("no peers, no matplotlib: RESULTS.md written, plot skipped")
 
 
+def test_verify():
+    joined = bp.join_verify(synthetic_verify_kvlayer(), synthetic_verify_peers())
+    assert len(joined) == 9, len(joined)
+    j = {(x["keys"], x["window"], x["queries"]): x for x in joined}
+    x = j[(4096, None, 8)]
+    assert x["decode_us"] == 12.0 and abs(x["t_ratio"] - 14.0 / 12.0) < 1e-12
+    assert x["fastest_peer"] == "fi_prefill_f16" and abs(x["ratio"] - 18.2 / 14.0) < 1e-12
+    x = j[(4096, None, 1)]
+    assert x["fastest_peer"] == "sdpa_flash_f16" and abs(x["ratio"] - 16.0 / 12.5) < 1e-12
+    x = j[(131072, None, 16)]
+    assert x["decode_us"] == 85.0 and abs(x["t_ratio"] - 120.0 / 85.0) < 1e-12
+    assert x["fastest_peer"] == "fi_prefill_e4m3" and abs(x["ratio"] - 0.75) < 1e-12
+    x = j[(131072, 4096, 8)]  # the window's T = 1 is the decode_dcw_graph row
+    assert x["decode_us"] == 11.0 and abs(x["t_ratio"] - 13.0 / 11.0) < 1e-12
+    assert x["fastest_peer"] == "fi_prefill_f16" and abs(x["ratio"] - 21.0 / 13.0) < 1e-12
+    x = j[(131072, 4096, 16)]
+    assert x["fastest_peer"] is None and x["ratio"] is None and x["peers"]
+    # without a verify peers file: kvlayer's columns only
+    for x in bp.join_verify(synthetic_verify_kvlayer(), None):
+        assert x["fastest_peer"] is None and x["t_ratio"] is not None
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kvp, vpp = os.path.join(tmp, "kv.json"), os.path.join(tmp, "vp.json")
+        with open(kvp, "w") as f:
+            json.dump(synthetic_verify_kvlayer(), f)
+        with open(vpp, "w") as f:
+            json.dump(synthetic_verify_peers(), f)
+        out = os.path.join(tmp, "out")
+        assert bp.main(["--kvlayer", kvp, "--verify-peers", vpp, "--out", out,
+                        "--no-plot"]) == 0
+        with open(os.path.join(out, "RESULTS.md")) as f:
+            text = f.read()
+        assert bp.main(["--kvlayer", kvp, "--out", out, "--no-plot"]) == 0
+        with open(os.path.join(out, "RESULTS.md")) as f:
+            bare = f.read()
+    head, rows = table(text, "Verify decode (SPEC §11)")
+    assert head == ["geometry", "keys", "window", "T", "kvlayer µs", "T=1 decode µs", "× T=1",
+                    "sdpa_cudnn_f16", "sdpa_flash_f16", "fi_prefill_f16", "fi_prefill_e4m3",
+                    "fastest peer", "peer µs", "peer / kvlayer"], head
+    r = {(x[1], x[2], x[3]): dict(zip(head, x)) for x in rows}
+    x = r[("4096", "—", "8")]
+    assert [x[k] for k in ("kvlayer µs", "T=1 decode µs", "× T=1")] == ["14.0", "12.0", "1.17"]
+    assert x["fi_prefill_e4m3"] == "10.0!" and x["sdpa_cudnn_f16"] == "30.0"
+    assert [x["fastest peer"], x["peer µs"], x["peer / kvlayer"]] == ["fi_prefill_f16", "18.2",
+                                                                       "1.30"]
+    assert r[("4096", "—", "1")]["sdpa_cudnn_f16"] == "err"
+    assert r[("4096", "—", "16")]["× T=1"] == "1.58"
+    x = r[("131072", "4096", "1")]
+    assert x["sdpa_flash_f16"] == "—" and x["× T=1"] == "1.05" and x["peer / kvlayer"] == "1.74"
+    x = r[("131072", "4096", "16")]
+    assert x["sdpa_cudnn_f16"] == "—" and x["fastest peer"] == "—" and x["× T=1"] == "1.36"
+    assert r[("131072", "—", "16")]["peer / kvlayer"] == "0.75"
+    summary = ("T = 8 within 1.25× of the T = 1 decode in 3 of 3 rows (at 131072 keys: 8×128 "
+               "gqa 8 1.12×); T = 16 within 1.50× of the T = 1 decode in 2 of 3 rows (at "
+               "131072 keys: 8×128 gqa 8 1.41×); kvlayer ≥ 1.10× the fastest verifying peer in "
+               "5 of 8 rows, ahead in 5; lowest ratio 0.75 (8×128 gqa 8, 131072 keys, T = 16, "
+               "against fi_prefill_e4m3).")
+    assert summary in text.split("\n"), [ln for ln in text.split("\n") if "T = 8" in ln]
+    assert ("Mask forms: sdpa_cudnn_f16 (flat): explicit boolean mask; sdpa_cudnn_f16 (window): "
+            "explicit boolean mask; sdpa_flash_f16 (flat): causal_lower_right") in text
+    assert "Not run: sdpa_flash_f16: the flash backend takes no explicit mask" in text
+    _, rows = table(text, "Verify peer rows without a time, or flagged")
+    assert [(x[1], x[3], x[4]) for x in rows] == [("40 (check)", "16", "sdpa_cudnn_f16"),
+                                                  ("4096", "8", "fi_prefill_e4m3"),
+                                                  ("4096", "1", "sdpa_cudnn_f16")], rows
+    _, rows = table(text, "Every kvlayer row")
+    assert "verify_dc_graph T8" in [x[0] for x in rows]
+    assert "Took: kvlayer bench 31 s, verify_peers.py 52 s." in text
+    # the decode tables do not change with the verify rows beside them
+    assert table(text, "Decode: kvlayer against the fastest peer")[1][0][:4] == [
+        "8×128 gqa 8", "1024", "—", "8.0"]
+    head, rows = table(bare, "Verify decode (SPEC §11)")
+    assert "**No verify peers JSON**" in bare and head[7:] == ["fastest peer", "peer µs",
+                                                              "peer / kvlayer"]
+    assert all(x[7:] == ["—", "—", "—"] for x in rows) and len(rows) == 9
+    assert "## Verify decode" not in run_main_text_without_verify()
+    print("verify: T / T=1, every verifying peer, the fastest, ratios, summary, flags ok")
+
+
+def run_main_text_without_verify():
+    with tempfile.TemporaryDirectory() as tmp:
+        return run_main(tmp, extra=["--no-plot"])
+
+
 def test_cli_missing_peers_file():
     with tempfile.TemporaryDirectory() as tmp:
         kvp = os.path.join(tmp, "kvlayer.json")
@@ -232,7 +383,8 @@ def test_cli_missing_peers_file():
 
 
 if __name__ == "__main__":
-    tests = [test_join, test_results_md, test_no_peers_no_matplotlib, test_cli_missing_peers_file]
+    tests = [test_join, test_results_md, test_verify, test_no_peers_no_matplotlib,
+             test_cli_missing_peers_file]
     for t in tests:
         t()
     print(f"{len(tests)} passed, 0 failed")
