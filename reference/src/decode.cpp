@@ -1,4 +1,5 @@
-// Decode attention in float64 over the dequantized cache (SPEC §8), and its accuracy bound.
+// Decode attention in float64 over the dequantized cache (SPEC §8), the verify decode of T query
+// rows (SPEC §11), and their accuracy bound.
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
@@ -171,6 +172,111 @@ std::optional<std::vector<double>> KvLayer::decode_dcw(std::span<const float> q,
   return attend(q, n_q_heads, scale, begin, len_d_, base_d_);
 }
 
+std::vector<DecodeView> verify_views(const Geometry& geometry, std::int64_t len, std::int64_t base,
+                                     int t) {
+  std::vector<DecodeView> views;
+  for (int i = 0; i < t; ++i) {
+    const std::int64_t end = len - t + i + 1;  // p_i + 1: causal among the new rows
+    const std::int64_t begin =
+        geometry.window ? std::max<std::int64_t>(0, end - *geometry.window) : 0;
+    views.push_back({begin, end, base});
+  }
+  return views;
+}
+
+std::vector<DecodeView> KvLayer::verify_views(int t) const {
+  return ref::verify_views(geometry_, len_, base_, t);
+}
+
+void KvLayer::check_queries(std::span<const float> q, int n_q_heads, int t,
+                            const char* operation) const {
+  const Geometry& g = geometry_;
+  if (n_q_heads < 1 || n_q_heads % g.n_kv_heads != 0)
+    refuse(operation, "n_q_heads ", n_q_heads, " must be a positive multiple of n_kv_heads ",
+           g.n_kv_heads);
+  const std::int64_t want = std::int64_t(t) * n_q_heads * g.head_dim_k;
+  if (std::int64_t(q.size()) != want)
+    refuse(operation, "q has ", q.size(), " values, expected T ", t, " x n_q_heads ", n_q_heads,
+           " x head_dim_k ", g.head_dim_k, " = ", want);
+}
+
+std::vector<double> KvLayer::attend_rows(std::span<const float> q, int n_q_heads,
+                                         std::optional<float> scale,
+                                         const std::vector<DecodeView>& views) const {
+  // Row by row through the single-query code, so that row i is bit-identical to decode() at
+  // len p_i + 1 (SPEC §11: "the decode a single-query call would compute").
+  const std::size_t q_row = std::size_t(n_q_heads) * std::size_t(geometry_.head_dim_k);
+  std::vector<double> out;
+  out.reserve(views.size() * std::size_t(n_q_heads) * std::size_t(geometry_.head_dim_v));
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const std::vector<double> row = attend(q.subspan(i * q_row, q_row), n_q_heads, scale,
+                                           views[i].begin, views[i].end, views[i].base);
+    out.insert(out.end(), row.begin(), row.end());
+  }
+  return out;
+}
+
+std::vector<double> KvLayer::decode_rows(std::span<const float> q, int n_q_heads, int t,
+                                         std::optional<float> scale) const {
+  check_verify_count(t, "decode_rows");
+  check_queries(q, n_q_heads, t, "decode_rows");
+  if (len_ < t) refuse("decode_rows", "len ", len_, " is less than T ", t);
+  const std::vector<DecodeView> views = ref::verify_views(geometry_, len_, base_, t);
+  // The first row's view starts lowest (s_i never decreases with i).
+  if (views.front().begin < base_)
+    refuse("decode_rows", "the view of query 0 starts at logical row ", views.front().begin,
+           ", below base ", base_, " (not resident)");
+  return attend_rows(q, n_q_heads, scale, views);
+}
+
+std::optional<std::vector<double>> KvLayer::decode_rows_dc(std::span<const float> q, int n_q_heads,
+                                                           int t, std::optional<float> scale,
+                                                           bool compute_output) {
+  check_verify_count(t, "decode_rows_dc");
+  check_queries(q, n_q_heads, t, "decode_rows_dc");
+  if (geometry_.is_ring()) refuse("decode_rows_dc", "ring layers use decode_rows_dcw");
+  if (geometry_.window)
+    refuse("decode_rows_dc", "attends [0, len_d) and ignores the window ", *geometry_.window,
+           "; windowed layers use decode_rows_dcw");
+  // The device sees the counters only: where the host variant would refuse, record and write
+  // nothing (max_ctx first, as decode_dc).
+  if (len_d_ > geometry_.max_ctx) {
+    record({DeviceErrorKind::decode_view_too_long, len_d_, base_d_, geometry_.max_ctx});
+    return std::nullopt;
+  }
+  if (len_d_ < t) {
+    record({DeviceErrorKind::decode_view_too_long, len_d_, base_d_, t});
+    return std::nullopt;
+  }
+  if (!compute_output) return std::vector<double>{};
+  return attend_rows(q, n_q_heads, scale, ref::verify_views(geometry_, len_d_, 0, t));
+}
+
+std::optional<std::vector<double>> KvLayer::decode_rows_dcw(std::span<const float> q, int n_q_heads,
+                                                            int t, std::optional<float> scale,
+                                                            bool compute_output) {
+  check_verify_count(t, "decode_rows_dcw");
+  check_queries(q, n_q_heads, t, "decode_rows_dcw");
+  if (!geometry_.window) refuse("decode_rows_dcw", "the layer has no window; use decode_rows_dc");
+  std::optional<DeviceError> err;
+  std::vector<DecodeView> views;
+  if (len_d_ > geometry_.max_ctx) {
+    err = DeviceError{DeviceErrorKind::decode_view_too_long, len_d_, base_d_, geometry_.max_ctx};
+  } else if (len_d_ < t) {
+    err = DeviceError{DeviceErrorKind::decode_view_too_long, len_d_, base_d_, t};
+  } else {
+    views = ref::verify_views(geometry_, len_d_, base_d_, t);
+    if (views.front().begin < base_d_ || len_d_ - base_d_ > geometry_.rows())
+      err = DeviceError{DeviceErrorKind::decode_view_too_long, len_d_, base_d_, geometry_.rows()};
+  }
+  if (err) {
+    record(*err);
+    return std::nullopt;
+  }
+  if (!compute_output) return std::vector<double>{};
+  return attend_rows(q, n_q_heads, scale, views);
+}
+
 namespace {
 
 /// Bounds on the probabilities a GPU computes when every score s̃_t may be off by up to δ_t:
@@ -287,6 +393,22 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
     }
   }
   return r;
+}
+
+std::vector<DecodeBound> decode_rows_bound(const KvLayer& layer, std::span<const float> q,
+                                           int n_q_heads, std::optional<float> scale,
+                                           std::span<const DecodeView> views,
+                                           const AccumulationShape& shape) {
+  const Geometry& g = layer.geometry();
+  const std::size_t q_row = std::size_t(std::max(n_q_heads, 0)) * std::size_t(g.head_dim_k);
+  if (q.size() != views.size() * q_row)
+    refuse("decode_rows_bound", "q has ", q.size(), " values, expected T ", views.size(),
+           " x n_q_heads ", n_q_heads, " x head_dim_k ", g.head_dim_k, " = ", views.size() * q_row);
+  std::vector<DecodeBound> out;
+  for (std::size_t i = 0; i < views.size(); ++i)
+    out.push_back(
+        decode_bound(layer, q.subspan(i * q_row, q_row), n_q_heads, scale, views[i], shape));
+  return out;
 }
 
 void BoundTightness::record(double err, double bound, double exact_q, double max_abs_v) {

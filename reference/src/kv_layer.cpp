@@ -1,4 +1,4 @@
-// The reference KvLayer: plain, sequential C++ that follows SPEC §5–7 line by line.
+// The reference KvLayer: plain, sequential C++ that follows SPEC §5–7 and §11 line by line.
 #include "kvlayer/reference/kv_layer.hpp"
 
 #include <algorithm>
@@ -28,8 +28,10 @@ float element_to_f32(const void* data, DType t, std::int64_t i) {
   return 0.0f;
 }
 
-KvLayer::KvLayer(const Geometry& geometry) : geometry_(geometry) {
+KvLayer::KvLayer(const Geometry& geometry, int max_verify)
+    : geometry_(geometry), max_verify_(max_verify) {
   geometry_.validate();
+  if (max_verify < 1) refuse("ref::KvLayer", "max_verify ", max_verify, " must be at least 1");
   k_plane_.assign(std::size_t(geometry_.rows() * geometry_.k_tok_bytes()), 0);
   v_plane_.assign(std::size_t(geometry_.rows() * geometry_.v_tok_bytes()), 0);
 }
@@ -39,6 +41,11 @@ void KvLayer::check_rows(const RowsView& rows, const char* operation) const {
   if (rows.n < 1) refuse(operation, "n ", rows.n, " must be at least 1");
   if (rows.dtype != DType::f32 && rows.dtype != DType::f16 && rows.dtype != DType::bf16)
     refuse(operation, "dtype ", int(rows.dtype), " is not f32, f16 or bf16");
+}
+
+void KvLayer::check_verify_count(std::int64_t t, const char* operation) const {
+  if (t < 1) refuse(operation, "T ", t, " must be at least 1");
+  if (t > max_verify_) refuse(operation, "T ", t, " exceeds max_verify ", max_verify_);
 }
 
 AppendPlan KvLayer::plan_append(std::int64_t n, const char* operation) const {
@@ -132,36 +139,51 @@ void KvLayer::reserve(std::int64_t k) {
   apply_rebase(plan_append(k, "reserve"));
 }
 
+void KvLayer::record(const DeviceError& e) {
+  if (!status_.device_error) status_.device_error = e;
+}
+
+void KvLayer::append_device(const RowsView& rows, bool windowed) {
+  // Every row of the step is checked before any is written: a step that does not fit writes
+  // none (SPEC §7, §11), and max_ctx is checked first.
+  const std::int64_t base = windowed ? base_d_ : 0;
+  if (len_d_ + rows.n > geometry_.max_ctx)
+    return record({DeviceErrorKind::append_past_max_ctx, len_d_, base_d_, geometry_.max_ctx});
+  if (windowed && (len_d_ - base < 0 || len_d_ - base + rows.n > geometry_.rows()))
+    return record({DeviceErrorKind::append_outside_rows, len_d_, base_d_, geometry_.rows()});
+  write_rows(rows, len_d_ - base, len_d_);
+}
+
 void KvLayer::append_dc(const RowsView& one_row) {
   check_rows(one_row, "append_dc");
   if (one_row.n != 1) refuse("append_dc", "n ", one_row.n, " must be 1");
   if (geometry_.is_ring()) refuse("append_dc", "ring layers use append_dcw");
-  if (len_d_ >= geometry_.max_ctx) {
-    if (!status_.device_error)
-      status_.device_error = DeviceError{DeviceErrorKind::append_past_max_ctx, len_d_, base_d_,
-                                         geometry_.max_ctx};
-    return;
-  }
-  write_rows(one_row, len_d_, len_d_);
+  append_device(one_row, false);
 }
 
 void KvLayer::append_dcw(const RowsView& one_row) {
   check_rows(one_row, "append_dcw");
   if (one_row.n != 1) refuse("append_dcw", "n ", one_row.n, " must be 1");
-  std::optional<DeviceError> err;
-  if (len_d_ >= geometry_.max_ctx)
-    err = DeviceError{DeviceErrorKind::append_past_max_ctx, len_d_, base_d_, geometry_.max_ctx};
-  else if (len_d_ - base_d_ < 0 || len_d_ - base_d_ >= geometry_.rows())
-    err = DeviceError{DeviceErrorKind::append_outside_rows, len_d_, base_d_, geometry_.rows()};
-  if (err) {
-    if (!status_.device_error) status_.device_error = err;
-    return;
-  }
-  write_rows(one_row, len_d_ - base_d_, len_d_);
+  append_device(one_row, true);
 }
 
-void KvLayer::inc_seqlen() {
-  if (len_d_ < std::numeric_limits<std::int32_t>::max()) ++len_d_;  // int32 on the device
+void KvLayer::append_rows_dc(const RowsView& rows) {
+  check_rows(rows, "append_rows_dc");
+  check_verify_count(rows.n, "append_rows_dc");
+  if (geometry_.is_ring()) refuse("append_rows_dc", "ring layers use append_rows_dcw");
+  append_device(rows, false);
+}
+
+void KvLayer::append_rows_dcw(const RowsView& rows) {
+  check_rows(rows, "append_rows_dcw");
+  check_verify_count(rows.n, "append_rows_dcw");
+  append_device(rows, true);
+}
+
+void KvLayer::inc_seqlen(int t) {
+  check_verify_count(t, "inc_seqlen");
+  constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();  // int32 on the device
+  if (len_d_ < kMax) len_d_ = std::min(len_d_ + t, kMax);
 }
 
 void KvLayer::account_steps(std::int64_t k) {

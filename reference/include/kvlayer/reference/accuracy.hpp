@@ -40,11 +40,6 @@
 
 namespace kvlayer::ref {
 
-/// A decode view: logical keys [begin, end) at physical rows begin − base …
-struct DecodeView {
-  std::int64_t begin = 0, end = 0, base = 0;
-};
-
 /// The bound of every output element [n_q_heads × head_dim_v], with what its tightness is
 /// measured against.
 struct DecodeBound {
@@ -59,6 +54,15 @@ struct DecodeBound {
 DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q_heads,
                          std::optional<float> scale, const DecodeView& view,
                          const AccumulationShape& shape);
+
+/// The bound of every output row of a verify decode (SPEC §11): q is [T, n_q_heads,
+/// head_dim_k] with T = views.size() (take them from verify_views()), and row i's bound is
+/// decode_bound() of query row i over views[i]. One shape serves every row: the launch's, which
+/// bounds each row's accumulation. Refused when q's size does not match.
+std::vector<DecodeBound> decode_rows_bound(const KvLayer& layer, std::span<const float> q,
+                                           int n_q_heads, std::optional<float> scale,
+                                           std::span<const DecodeView> views,
+                                           const AccumulationShape& shape);
 
 /// How tight the bound was over many compared elements (SPEC §10.6: a bound that admits any
 /// convex combination proves nothing). Summed by the harness and the GPU test suites, and

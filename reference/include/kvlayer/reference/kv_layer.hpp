@@ -1,4 +1,4 @@
-// The reference KvLayer: the executable specification of every layer behaviour (SPEC §5–9).
+// The reference KvLayer: the executable specification of every layer behaviour (SPEC §5–9, §11).
 // It keeps the whole K and V planes as bytes, the host counters (len, base) and a model of the
 // device counters (len_d, base_d), so that a GPU layer can be compared with it byte for byte.
 #pragma once
@@ -24,6 +24,24 @@ struct RowsView {
   DType dtype = DType::f32;
 };
 
+/// A decode view: logical keys [begin, end) at physical rows begin − base …
+struct DecodeView {
+  std::int64_t begin = 0, end = 0, base = 0;
+  bool operator==(const DecodeView&) const = default;
+};
+
+/// max_verify of a layer constructed without one (SPEC §11: at least 16 supported); the same
+/// default as cuda::KvLayer's.
+inline constexpr int kDefaultMaxVerify = 16;
+
+/// The views of the T query rows of a verify decode at length `len` (SPEC §11): row i sits at
+/// p_i = len − T + i and attends [s_i, p_i + 1) at physical key − base, with
+/// s_i = max(0, p_i + 1 − window) on a windowed geometry, else 0. The single source of that
+/// rule: decode_rows* attend these views, and a bound or an oracle per row takes them from here.
+/// NOTE: checks nothing (a caller validates T, len ≥ T and s_0 ≥ base first).
+std::vector<DecodeView> verify_views(const Geometry& geometry, std::int64_t len, std::int64_t base,
+                                     int t);
+
 /// What an append of n rows will do (SPEC §6 "append planning").
 struct AppendPlan {
   bool rebase = false;
@@ -36,10 +54,14 @@ struct AppendPlan {
 /// state untouched.
 class KvLayer {
  public:
-  /// Builds an empty layer (planes zeroed). Throws on an illegal geometry.
-  explicit KvLayer(const Geometry& geometry);
+  /// Builds an empty layer (planes zeroed). Throws on an illegal geometry, and refuses
+  /// max_verify < 1. max_verify (SPEC §11) is the largest T of a multi-row step or verify
+  /// decode; the reference has no upper limit (the CUDA layer has kMaxVerify).
+  explicit KvLayer(const Geometry& geometry, int max_verify = kDefaultMaxVerify);
 
   const Geometry& geometry() const { return geometry_; }
+  /// The largest T of append_rows_dc(w), inc_seqlen and decode_rows* (fixed at construction).
+  int max_verify() const { return max_verify_; }
 
   /// Quantizes and appends rows.k / rows.v (SPEC §5, §6). Refused if n == 0, the pointers are
   /// null, len + n > max_ctx, or a ring cannot make room.
@@ -70,8 +92,17 @@ class KvLayer {
   /// Writes one row at physical len_d − base_d; len_d unchanged. Out-of-plane rows write
   /// nothing and record a device error.
   void append_dcw(const RowsView& one_row);
-  /// len_d += 1.
-  void inc_seqlen();
+  /// Writes rows.n = T rows (1 ≤ T ≤ max_verify) at physical len_d … len_d + T − 1 (SPEC
+  /// §11), the bytes of T append_dc calls; len_d unchanged. Flat layers only (refused on a
+  /// ring). When any row would reach max_ctx (len_d + T > max_ctx) it writes nothing and
+  /// records append_past_max_ctx.
+  void append_rows_dc(const RowsView& rows);
+  /// Writes T rows at physical len_d − base_d …; len_d unchanged. Writes nothing and records
+  /// append_past_max_ctx when len_d + T > max_ctx, else append_outside_rows when any row falls
+  /// outside the plane (len_d − base_d < 0 or len_d − base_d + T > rows).
+  void append_rows_dcw(const RowsView& rows);
+  /// len_d += t (1 ≤ t ≤ max_verify), saturating at INT32_MAX (the device counter is int32).
+  void inc_seqlen(int t = 1);
   /// Host accounting after k replayed device-counter steps: len += k (SPEC §7).
   /// NOTE: len_d is not checked (the host cannot read it without a sync); accounting for the
   /// wrong number of steps breaks len_d == len and is the caller's error. Refused when
@@ -105,6 +136,31 @@ class KvLayer {
   /// [max(0, len − window), len) for windowed layers. Physical row = logical − base.
   std::pair<std::int64_t, std::int64_t> view() const;
 
+  // ---- Verify decode (SPEC §11): q f32 [T, n_q_heads, head_dim_k], out [T, n_q_heads, head_dim_v]
+  // Row i is exactly decode() at len p_i + 1 = L − T + i + 1 (the same float64 code over the
+  // view verify_views() gives), so it is bit-identical to that single-query decode.
+
+  /// Host-len verify (L = len, base). Refused when T < 1, T > max_verify, q's shape does not
+  /// match, len < T, or the first row's view starts below base (ring, after a deep rewind).
+  std::vector<double> decode_rows(std::span<const float> q, int n_q_heads, int t,
+                                  std::optional<float> scale = std::nullopt) const;
+  /// Device-counter verify over L = len_d. Flat, window-less layers only (refused otherwise;
+  /// T and q's shape as decode_rows). Writes nothing (nullopt) and records
+  /// decode_view_too_long when len_d > max_ctx (limit max_ctx), else when len_d < T (limit T).
+  /// compute_output as for decode_dc.
+  std::optional<std::vector<double>> decode_rows_dc(std::span<const float> q, int n_q_heads, int t,
+                                                    std::optional<float> scale = std::nullopt,
+                                                    bool compute_output = true);
+  /// Device-counter verify over L = len_d at physical key − base_d. Windowed layers only.
+  /// Writes nothing (nullopt) and records decode_view_too_long when len_d > max_ctx (limit
+  /// max_ctx), else when len_d < T (limit T), else when the first row's view leaves the
+  /// resident rows [base_d, base_d + rows) (limit rows).
+  std::optional<std::vector<double>> decode_rows_dcw(std::span<const float> q, int n_q_heads, int t,
+                                                     std::optional<float> scale = std::nullopt,
+                                                     bool compute_output = true);
+  /// The T views decode_rows() attends at the host len and base (verify_views()).
+  std::vector<DecodeView> verify_views(int t) const;
+
   // ---- State ------------------------------------------------------------------------------
 
   std::int64_t len() const { return len_; }
@@ -126,12 +182,20 @@ class KvLayer {
  private:
   void check_rows(const RowsView& rows, const char* operation) const;
   void check_query(std::span<const float> q, int n_q_heads, const char* operation) const;
+  void check_verify_count(std::int64_t t, const char* operation) const;
+  void check_queries(std::span<const float> q, int n_q_heads, int t, const char* operation) const;
+  void append_device(const RowsView& rows, bool windowed);
+  void record(const DeviceError& e);
+  std::vector<double> attend_rows(std::span<const float> q, int n_q_heads,
+                                  std::optional<float> scale,
+                                  const std::vector<DecodeView>& views) const;
   void apply_rebase(const AppendPlan& plan);
   void write_rows(const RowsView& rows, std::int64_t physical_row, std::int64_t logical_row);
   std::vector<double> attend(std::span<const float> q, int n_q_heads, std::optional<float> scale,
                              std::int64_t lbegin, std::int64_t lend, std::int64_t base) const;
 
   Geometry geometry_;
+  int max_verify_ = kDefaultMaxVerify;
   std::vector<std::uint8_t> k_plane_, v_plane_;
   std::int64_t len_ = 0, base_ = 0;
   std::int64_t len_d_ = 0, base_d_ = 0;
