@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Golden data generator for kvlayer (SPEC §2-8), NumPy only.
+"""Golden data generator for kvlayer (SPEC §2-8, §11), NumPy only.
 
 Writes golden/data/ (or --out DIR): quantization cases (f32 inputs and the expected q8_0 / q5_1
-bytes, with the bad blocks and the value each is reported with) and decode cases (geometry, a
+bytes, with the bad blocks and the value each is reported with), decode cases (geometry, a
 sequence of appends and rewinds, the query, the float64 attention output after every operation,
-and the final K / V planes with len and base), plus manifest.json describing every file (shape,
-dtype, seed, sha256) and every case.
+and the final K / V planes with len and base) and verify cases (speculative steps of SPEC §11:
+T draft rows appended at once, the float64 output of each of the T query rows over its own
+causal window, the accepted prefix kept by a rewind), plus manifest.json describing every file
+(shape, dtype, seed, sha256) and every case. The verify cases and their files are listed under
+the manifest's "verify" key, apart from "files" and "cases", which list the SPEC §2-8 data.
 
 This is an *independent* implementation of the spec: nothing here is imported from, or shared
 with, the C++ reference. Every arithmetic step that the spec pins down is done in float32 exactly
@@ -662,13 +665,14 @@ class LayerModel:
         return k.reshape(p1 - p0, self.kv_dim), v.reshape(p1 - p0, self.kv_dim)
 
 
-def attend(model, q, gqa, scale):
-    """SPEC §8 in float64 over the dequantized cache. Returns (out, mag, smax):
+def attend(model, q, gqa, scale, view=None):
+    """SPEC §8 in float64 over the dequantized cache, over model.view() or the logical keys
+    view = (begin, end). Returns (out, mag, smax):
     out[h, j] = sum_t p_t V_t[j]; mag[h, j] = sum_t p_t |V_t[j]|; smax[h] = max_t scale·sum|q K|
     (the last two let a test bound summation-order differences)."""
     nq, hd = q.shape
     g = model.g
-    lb, le = model.view()
+    lb, le = model.view() if view is None else view
     out = np.zeros((nq, hd))
     mag = np.zeros((nq, hd))
     smax = np.zeros(nq)
@@ -838,6 +842,123 @@ def build_decode_case(spec, seed):
 
 
 # --------------------------------------------------------------------------------------------
+# Verify cases: speculative steps of SPEC §11 on the same layer model
+# --------------------------------------------------------------------------------------------
+
+# Ops: ("a", n) host append; ("r", p) rewind; ("rl",) rewind to the lowest position the ring
+# allows; ("v", T, a) one speculative step: reserve(T), T draft rows by a multi-row
+# device-counter append, inc_seqlen(T), a verify decode of T queries at L = len + T,
+# account_steps(T), then rewind(L - T + a) to keep a drafts; ("d", T) a host-len verify decode
+# of T queries at the current state (refused when len < T or the first view is not resident).
+VERIFY_CASES = [
+    dict(name="verify_flat_hd64_gqa2", what="flat, no window: T 1, 2, 7, 16 with prefixes "
+         "kept and drafts rejected (their stale bytes stay in the final planes)",
+         geo=dict(n_kv_heads=1, head_dim=64, max_ctx=64, window=None, storage="flat"), gqa=2,
+         ops=[("a", 20), ("v", 1, 1), ("v", 2, 1), ("v", 7, 3), ("v", 16, 16), ("v", 16, 5)]),
+    dict(name="verify_flatwin_hd128_w5", what="flat plane, window 5, explicit scale 0.125: "
+         "the drafts outnumber the window, so every row has its own window; a verify of more "
+         "rows than len is refused",
+         geo=dict(n_kv_heads=1, head_dim=128, max_ctx=48, window=5, storage="flat"), gqa=1,
+         ops=[("a", 3), ("v", 7, 2), ("v", 16, 9), ("v", 2, 0), ("v", 1, 1), ("d", 16),
+              ("d", 7)], scale=0.125),
+    dict(name="verify_ring_hd64_gqa2_w12", what="ring window 12, max_append 16, slack 15 "
+         "(rows 74): verify steps across two rebases, a rewind to the limit (a verify there is "
+         "refused), then steps from it",
+         geo=dict(n_kv_heads=1, head_dim=64, max_ctx=400, window=12, storage="ring",
+                  max_append=16, rewind_slack=15), gqa=2,
+         ops=[("a", 16)] * 4 + [("v", 16, 4), ("v", 7, 7), ("a", 16), ("v", 16, 16),
+                                ("v", 16, 16), ("v", 2, 1), ("rl",), ("d", 1), ("v", 1, 0),
+                                ("v", 7, 3)]),
+]
+
+
+def verify_views(model, length, t):
+    """SPEC §11: query row i sits at p_i = length - t + i and attends [s_i, p_i + 1), with
+    s_i = max(0, p_i + 1 - window) on a windowed layer, else 0."""
+    w = model.g["window"]
+    views = []
+    for i in range(t):
+        end = length - t + i + 1
+        views.append((0 if w is None else max(0, end - w), end))
+    return views
+
+
+def build_verify_case(spec, seed):
+    rs = np.random.RandomState(seed)
+    g = dict(max_append=1, rewind_slack=0)
+    g.update(spec["geo"])
+    gqa = spec["gqa"]
+    hd = g["head_dim"]
+    nq = g["n_kv_heads"] * gqa
+    model = LayerModel(g)
+    scale = F32(spec["scale"]) if "scale" in spec else F32(F32(1) / np.sqrt(F32(hd)))
+    k_all, v_all, q_all, outs, mags, smaxs, ops_out = [], [], [], [], [], [], []
+    src = q_row = out_row = 0
+
+    def verify_here(t):
+        """Draws T queries and attends each over its view at the current len; the op record,
+        with decode "refused" when len < T or the first view is not resident."""
+        nonlocal q_row, out_row
+        q = normal(rs, 0, 1, (t, nq, hd)).astype(F32)
+        q_all.append(q)
+        rec = {"T": t, "q_row": q_row}
+        q_row += t
+        views = verify_views(model, model.len, t)
+        if model.len < t or views[0][0] < model.base:
+            rec["decode"] = "refused"
+            return rec
+        for i, view in enumerate(views):
+            o, m, sm = attend(model, q[i], gqa, scale, view=view)
+            outs.append(o)
+            mags.append(m)
+            smaxs.append(sm)
+        rec.update({"decode": "ok", "out_row": out_row})
+        out_row += t
+        return rec
+
+    for op in spec["ops"]:
+        if op[0] in ("a", "v"):
+            n = op[1]
+            k, v = decode_inputs(rs, n, model.kv_dim, g["n_kv_heads"], hd)
+            k_all.append(k)
+            v_all.append(v)
+            # A speculative step's reserve(T), multi-row device-counter append and
+            # account_steps(T) leave the bytes and state of a host append of the T rows (SPEC §7,
+            # §11).
+            ok = model.append(k, v)
+            assert ok, (spec["name"], op)
+            rec = {"op": "append" if op[0] == "a" else "verify", "n" if op[0] == "a" else "T": n,
+                   "src_row": src}
+            src += n
+            if op[0] == "v":
+                length = model.len
+                rec.update(verify_here(n))
+                assert rec["decode"] == "ok", (spec["name"], op)
+                rec.update({"L": length, "accept": op[2]})
+                assert model.rewind(length - n + op[2]), (spec["name"], op)
+        elif op[0] == "d":
+            rec = {"op": "decode_rows"}
+            rec.update(verify_here(op[1]))
+        else:
+            if op[0] == "r":
+                p = op[1]
+            else:
+                p = model.len
+                while p > 0 and model.can_rewind_to(p - 1):
+                    p -= 1
+            assert model.rewind(p), (spec["name"], op)
+            rec = {"op": "rewind", "to": p}
+        assert model.len - model.base <= model.rows and model.base % ALIGN == 0
+        rec.update({"len": model.len, "base": model.base})
+        ops_out.append(rec)
+    return dict(geometry=g, gqa=gqa, n_q_heads=nq, scale=scale, scale_default="scale" not in spec,
+                q=np.concatenate(q_all), k=np.concatenate(k_all), v=np.concatenate(v_all),
+                ops=ops_out, out=np.array(outs).reshape(-1, nq, hd),
+                mag=np.array(mags).reshape(-1, nq, hd), smax=np.array(smaxs).reshape(-1, nq),
+                model=model)
+
+
+# --------------------------------------------------------------------------------------------
 # Output
 # --------------------------------------------------------------------------------------------
 
@@ -948,6 +1069,37 @@ def generate(out_dir):
         }
         cases.append(case)
 
+    # The verify cases list their files apart, so that "files" stays exactly what "cases" use.
+    wv = Writer(out_dir)
+    verify_cases = []
+    for i, spec in enumerate(VERIFY_CASES):
+        seed = 3000 + i
+        r = build_verify_case(spec, seed)
+        name = spec["name"]
+        g = r["geometry"]
+        m = r["model"]
+        pre = "verify/%s" % name
+        verify_cases.append({
+            "name": name, "kind": "verify", "what": spec["what"], "seed": seed,
+            "geometry": {"n_kv_heads": g["n_kv_heads"], "head_dim": g["head_dim"],
+                         "max_ctx": g["max_ctx"], "window": g["window"], "storage": g["storage"],
+                         "max_append": g["max_append"], "rewind_slack": g["rewind_slack"],
+                         "rows": m.rows},
+            "gqa": r["gqa"], "n_q_heads": r["n_q_heads"], "input_dtype": "f32",
+            "scale_bits": f32_hex(r["scale"]), "scale": f32_repr(r["scale"]),
+            "scale_is_default": r["scale_default"],
+            "k_input": wv.npy(pre + ".k.npy", r["k"], seed),
+            "v_input": wv.npy(pre + ".v.npy", r["v"], seed),
+            "queries": wv.npy(pre + ".q.npy", r["q"], seed),
+            "ops": r["ops"],
+            "outputs": wv.npy(pre + ".out.npy", r["out"], seed),
+            "magnitudes": wv.npy(pre + ".mag.npy", round_up_f32(r["mag"]), seed),
+            "score_magnitudes": wv.npy(pre + ".smax.npy", round_up_f32(r["smax"]), seed),
+            "final": {"len": m.len, "base": m.base,
+                      "k_plane": wv.bin(pre + ".kplane.bin", m.k_plane, seed),
+                      "v_plane": wv.bin(pre + ".vplane.bin", m.v_plane, seed)},
+        })
+
     manifest = {
         "format": "kvlayer-golden-1",
         "generator": "golden/generate.py",
@@ -956,6 +1108,19 @@ def generate(out_dir):
                   "value_bits are IEEE f32 bits; value is informative only"],
         "files": dict(sorted(w.files.items())),
         "cases": cases,
+        "verify": {
+            "spec": "SPEC.md section 11",
+            "notes": ["ops: append (host), rewind, verify (reserve(T), a T-row device-counter "
+                      "append, inc_seqlen(T), a verify decode at L, account_steps(T), "
+                      "rewind(L - T + accept)), decode_rows (a host-len verify decode)",
+                      "queries rows [q_row, q_row + T) are an op's T query rows; outputs, "
+                      "magnitudes and score_magnitudes rows [out_row, out_row + T) its T "
+                      "output rows (row i: query i over [s_i, p_i + 1)); a refused decode has "
+                      "no out_row",
+                      "len and base are the state after the op (after the accepting rewind)"],
+            "files": dict(sorted(wv.files.items())),
+            "cases": verify_cases,
+        },
     }
     with open(os.path.join(out_dir, "manifest.json"), "w", encoding="ascii") as f:
         json.dump(manifest, f, indent=1)
@@ -970,11 +1135,12 @@ def main(argv):
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     m = generate(args.out)
-    total = sum(os.path.getsize(os.path.join(args.out, f)) for f in m["files"])
+    files = list(m["files"]) + list(m["verify"]["files"])
+    total = sum(os.path.getsize(os.path.join(args.out, f)) for f in files)
     kinds = {}
-    for c in m["cases"]:
+    for c in m["cases"] + m["verify"]["cases"]:
         kinds[c["kind"]] = kinds.get(c["kind"], 0) + 1
-    print("golden: %d files, %d bytes, cases %s -> %s" % (len(m["files"]), total, kinds, args.out))
+    print("golden: %d files, %d bytes, cases %s -> %s" % (len(files), total, kinds, args.out))
     return 0
 
 
