@@ -1,14 +1,16 @@
 // Multi-row steps and verify decode on the reference (SPEC §11): append_rows_dc(w) writes the
 // bytes of T single device-counter appends, inc_seqlen(T), decode_rows* row i is the single-query
 // decode at len p_i + 1 (bit for bit: the same float64 code) and matches a naive oracle over the
-// independent model's planes (testbed.hpp), the per-row windows on flat and ring layers, every
-// refusal with its message and an unchanged state, device-counter overruns (sticky error,
-// nothing written), and accepting a prefix of the drafts with a rewind.
+// independent model's planes (testbed.hpp), the per-row windows on flat and ring layers, NaN only
+// in the rows whose own view holds a bad block, every refusal with its message and an unchanged
+// state, device-counter overruns (sticky error, nothing written), and accepting a prefix of the
+// drafts with a rewind.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -231,6 +233,28 @@ TEST(VerifyDecode, OneRowIsDecodeAndTheDeviceCounterVariantsAgree) {
       EXPECT_EQ(l.decode_rows(q, 4, t), host);
     }
     EXPECT_TRUE(l.status().ok()) << l.status().message();
+  }
+}
+
+TEST(VerifyDecode, NaNOnlyInTheRowsWhoseViewHoldsABadBlock) {
+  // A NaN in draft row 2's K: its block is written as the canonical bad block (SPEC §3); rows 0
+  // and 1 do not attend it (causal), rows 2..4 do, and with window 3 row 5 no longer does.
+  const Geometry g = tb::flat_geometry(1, 32, 32, 40, 3);
+  KvLayer l(g);
+  Rng rng(16);
+  l.append(rows(g, 4, rng));
+  HostRows drafts = tb::random_rows(g, 6, rng);
+  drafts.k[2 * 32 + 5] = std::numeric_limits<float>::quiet_NaN();
+  l.append_rows_dcw(f32(drafts));
+  l.inc_seqlen(6);
+  l.account_steps(6);
+  ASSERT_TRUE(l.status().data_error);
+  EXPECT_EQ(l.status().data_error->row, 6);
+  const auto out = l.decode_rows(queries(g, 1, 6, rng), 1, 6);
+  for (int i = 0; i < 6; ++i) {
+    const auto row = out_row(out, g, 1, i);
+    const bool attends_bad = i >= 2 && i <= 4;
+    for (double x : row) ASSERT_EQ(std::isnan(x), attends_bad) << "row " << i;
   }
 }
 
