@@ -7,7 +7,7 @@ namespace kvlayer::cuda::detail {
 namespace {
 
 __global__ void inc_seqlen_kernel(std::int32_t* len_d, std::int32_t n) {
-  if (*len_d <= INT_MAX - n) *len_d += n;  // the counters are int32 (SPEC §1)
+  *len_d = *len_d > INT_MAX - n ? INT_MAX : *len_d + n;  // the counters are int32 (SPEC §1)
 }
 
 __global__ void set_counters_kernel(std::int32_t* len_d, std::int32_t* base_d, long long len,
