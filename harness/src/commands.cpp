@@ -1,5 +1,6 @@
 #include "kvlayer/harness/commands.hpp"
 
+#include <optional>
 #include <sstream>
 
 namespace kvlayer::harness {
@@ -18,47 +19,50 @@ std::string data_kind_name(DataKind kind) {
 }
 
 std::string decode_variant_name(DecodeVariant variant) {
-  switch (variant) {
-    case DecodeVariant::host: return "decode";
-    case DecodeVariant::dc: return "decode_dc";
-    case DecodeVariant::dcw: return "decode_dcw";
-  }
-  return "?";
+  return std::string(name_of(Decode{variant, 0}));
 }
 
 namespace {
-struct Describe {
-  std::ostringstream& s;
-  void operator()(const Append& c) {
-    s << "append n=" << c.n << " data=" << data_kind_name(c.data) << " seed=" << c.seed;
+
+/// Writes a command's fields as its line shows them: " key=value", the seed last.
+class LineFields {
+ public:
+  explicit LineFields(std::ostream& s) : s_(s) {}
+  void count(const char* key, std::int64_t v, std::int64_t = 0, std::int64_t = 0) {
+    s_ << ' ' << key << '=' << v;
   }
-  void operator()(const AppendDc& c) {
-    s << (c.windowed ? "append_dcw" : "append_dc") << " data=" << data_kind_name(c.data)
-      << " seed=" << c.seed;
+  void range(const char*, const char*, std::int64_t start, std::int64_t end) {
+    s_ << " [" << start << ", " << end << ')';
   }
-  void operator()(const IncSeqlen&) { s << "inc_seqlen"; }
-  void operator()(const AccountSteps& c) { s << "account_steps k=" << c.k; }
-  void operator()(const Reserve& c) { s << "reserve k=" << c.k; }
-  void operator()(const Rewind& c) { s << "rewind to=" << c.to; }
-  void operator()(const Decode& c) { s << decode_variant_name(c.variant) << " seed=" << c.seed; }
-  void operator()(const PhysicalRows& c) { s << "physical_rows [" << c.start << ", " << c.end << ")"; }
-  void operator()(const CanRewindTo& c) { s << "can_rewind_to p=" << c.p; }
-  void operator()(const GraphChain& c) {
-    s << "graph_chain steps=" << c.steps << (c.windowed ? " dcw" : " dc") << " seed=" << c.seed;
+  void data(DataKind kind) { s_ << " data=" << data_kind_name(kind); }
+  void seed(std::uint64_t seed) { seed_ = seed; }
+  void flag(const char*, bool v, const char* on, const char* off) { s_ << ' ' << (v ? on : off); }
+  void finish() {
+    if (seed_) s_ << " seed=" << *seed_;
   }
-  void operator()(const StatusQuery&) { s << "status"; }
+
+ private:
+  std::ostream& s_;
+  std::optional<std::uint64_t> seed_;
 };
+
 }  // namespace
 
 std::string describe(const Command& command) {
   std::ostringstream s;
-  std::visit(Describe{s}, command);
+  std::visit(
+      [&]<typename C>(const C& c) {
+        s << name_of(c);
+        LineFields fields(s);
+        C::fields(c, fields);
+        fields.finish();
+      },
+      command);
   return s.str();
 }
 
 std::string kind_name(const Command& command) {
-  const std::string line = describe(command);
-  return line.substr(0, line.find(' '));
+  return std::string(std::visit([](const auto& c) { return name_of(c); }, command));
 }
 
 }  // namespace kvlayer::harness

@@ -1,3 +1,5 @@
+// The Executor and the Sides it runs each command on: every command's run (harness/src/
+// commands/) calls the model and the system; the state of both is compared after it here.
 #include "kvlayer/harness/executor.hpp"
 
 #include <algorithm>
@@ -6,8 +8,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "kvlayer/error.hpp"
 #include "kvlayer/reference/quantize.hpp"
+#include "sides.hpp"
 
 namespace kvlayer::harness {
 
@@ -97,54 +99,6 @@ class TimedSystem final : public System {
   Stats& stats_;
 };
 
-ref::RowsView view_of(const HostRows& rows) {
-  return ref::RowsView{rows.k_bytes.data(), rows.v_bytes.data(), rows.n, rows.dtype};
-}
-
-/// The result of running one call on one side: a value, or the refusal message.
-template <typename T>
-struct Result {
-  std::optional<T> value;
-  std::optional<std::string> refused;
-};
-
-template <typename F>
-auto attempt(F&& f) {
-  using T = decltype(f());
-  if constexpr (std::is_void_v<T>) {
-    Result<bool> r;
-    try {
-      f();
-      r.value = true;
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::refused) throw;
-      r.refused = e.what();
-    }
-    return r;
-  } else {
-    Result<T> r;
-    try {
-      r.value = f();
-    } catch (const Error& e) {
-      if (e.kind() != ErrorKind::refused) throw;
-      r.refused = e.what();
-    }
-    return r;
-  }
-}
-
-/// Both sides must refuse alike, or both accept.
-template <typename A, typename B>
-std::optional<std::string> compare_refusal(const Result<A>& model, const Result<B>& system) {
-  if (model.refused.has_value() != system.refused.has_value())
-    return "model " + (model.refused ? "refused: " + *model.refused : std::string("accepted")) +
-           "; system " + (system.refused ? "refused: " + *system.refused : std::string("accepted"));
-  if (model.refused && *model.refused != *system.refused)
-    return "refusal messages differ:\n  model:  " + *model.refused + "\n  system: " +
-           *system.refused;
-  return std::nullopt;
-}
-
 std::string first_byte_difference(const std::vector<std::uint8_t>& a,
                                   const std::vector<std::uint8_t>& b, std::int64_t tok_bytes,
                                   const char* plane) {
@@ -188,20 +142,50 @@ double naive_output(const ref::KvLayer& m, const std::vector<float>& q, int n_q_
 
 }  // namespace
 
-Executor::Executor(const Case& c, System* system)
-    : case_(c),
+Sides::Sides(const Case& c, System* system)
+    : geometry_(c.geometry),
+      dtype_(c.dtype),
+      n_q_heads_(c.n_q_heads),
       timed_(system ? std::make_unique<TimedSystem>(*system, stats_) : nullptr),
       system_(timed_.get()),
       model_(c.geometry) {}
 
-bool Executor::dc_append_writes(bool windowed) const {
-  // SPEC §7: a device-counter append writes only inside the plane and below max_ctx.
-  const std::int64_t len_d = model_.len_d(), phys = len_d - (windowed ? model_.base_d() : 0);
-  return len_d < case_.geometry.max_ctx && phys >= 0 && phys < case_.geometry.rows();
+HostRows Sides::rows(std::int64_t n, std::uint64_t seed, DataKind kind) const {
+  return make_rows(geometry_, dtype_, n, seed, kind);
 }
 
-void Executor::remember_rows(const HostRows& rows, std::int64_t first) {
-  const Geometry& g = case_.geometry;
+std::vector<float> Sides::query(std::uint64_t seed) const {
+  return make_query(geometry_, n_q_heads_, seed);
+}
+
+void Sides::model_append_dc(const HostRows& row, bool windowed) {
+  if (windowed)
+    model_.append_dcw(view_of(row));
+  else
+    model_.append_dc(view_of(row));
+}
+
+std::optional<std::vector<double>> Sides::model_decode(DecodeVariant variant,
+                                                       const std::vector<float>& q) {
+  switch (variant) {
+    case DecodeVariant::host:
+      return model_.decode(q, n_q_heads_);
+    case DecodeVariant::dc:
+      return model_.decode_dc(q, n_q_heads_);
+    case DecodeVariant::dcw:
+      return model_.decode_dcw(q, n_q_heads_);
+  }
+  return std::nullopt;
+}
+
+bool Sides::dc_append_writes(bool windowed) const {
+  // SPEC §7: a device-counter append writes only inside the plane and below max_ctx.
+  const std::int64_t len_d = model_.len_d(), phys = len_d - (windowed ? model_.base_d() : 0);
+  return len_d < geometry_.max_ctx && phys >= 0 && phys < geometry_.rows();
+}
+
+void Sides::remember_rows(const HostRows& rows, std::int64_t first) {
+  const Geometry& g = geometry_;
   for (std::int64_t r = 0; r < rows.n; ++r) {
     std::vector<std::uint8_t> k(std::size_t(g.k_tok_bytes())), v(std::size_t(g.v_tok_bytes()));
     ref::quantize_row(ref::BlockType::q8_0,
@@ -212,8 +196,8 @@ void Executor::remember_rows(const HostRows& rows, std::int64_t first) {
   }
 }
 
-std::optional<std::string> Executor::check_model_invariants() {
-  const Geometry& g = case_.geometry;
+std::optional<std::string> Sides::check_model_invariants() {
+  const Geometry& g = geometry_;
   const std::int64_t len = model_.len(), base = model_.base();
   std::ostringstream s;
   if (base % kRingAlign != 0) s << "base " << base << " is not a multiple of " << kRingAlign;
@@ -243,11 +227,11 @@ std::optional<std::string> Executor::check_model_invariants() {
   return std::nullopt;
 }
 
-std::optional<std::string> Executor::compare_state() {
+std::optional<std::string> Sides::compare_state() {
   if (auto broken = check_model_invariants()) return broken;
   if (!system_) return std::nullopt;
   const Snapshot s = system_->snapshot();
-  const Geometry& g = case_.geometry;
+  const Geometry& g = geometry_;
   std::string d = first_byte_difference(model_.k_plane(), s.k_plane, g.k_tok_bytes(), "K");
   if (d.empty()) d = first_byte_difference(model_.v_plane(), s.v_plane, g.v_tok_bytes(), "V");
   if (!d.empty()) return d;
@@ -271,9 +255,9 @@ std::optional<std::string> Executor::compare_state() {
   return std::nullopt;
 }
 
-Executor::Expectation Executor::expect_decode(DecodeVariant variant, const std::vector<float>& q,
-                                             std::optional<std::vector<double>> out) {
-  const Geometry& g = case_.geometry;
+Sides::Expectation Sides::expect_decode(DecodeVariant variant, const std::vector<float>& q,
+                                       std::optional<std::vector<double>> out) {
+  const Geometry& g = geometry_;
   Expectation x{decode_variant_name(variant), std::move(out), {}, {}};
   if (!x.out) return x;  // a device error: nothing may be written
   ref::DecodeView view;
@@ -287,12 +271,12 @@ Executor::Expectation Executor::expect_decode(DecodeVariant variant, const std::
   }
   if (system_) {
     const Stopwatch w(stats_.seconds_in_bounds);
-    x.bound = ref::decode_bound(model_, q, case_.n_q_heads, std::nullopt, view,
+    x.bound = ref::decode_bound(model_, q, n_q_heads_, std::nullopt, view,
                                 system_->accumulation_shape(variant));
     return x;
   }
   // Reference only: recompute a few elements with an independent naive loop.
-  const int nq = case_.n_q_heads;
+  const int nq = n_q_heads_;
   Rng pick(std::uint64_t(view.end) * 7919u + std::uint64_t(view.begin));
   for (int i = 0; i < 4; ++i) {
     const int h = int(pick.range(0, nq - 1)), e = int(pick.range(0, g.head_dim_v - 1));
@@ -310,9 +294,9 @@ Executor::Expectation Executor::expect_decode(DecodeVariant variant, const std::
   return x;
 }
 
-std::optional<std::string> Executor::check_decode(const Expectation& x,
-                                                  const std::vector<float>& actual) {
-  const Geometry& g = case_.geometry;
+std::optional<std::string> Sides::check_decode(const Expectation& x,
+                                               const std::vector<float>& actual) {
+  const Geometry& g = geometry_;
   if (!x.out) {  // the model recorded a device error: the system must have written nothing
     for (std::size_t i = 0; i < actual.size(); ++i)
       if (std::bit_cast<std::uint32_t>(actual[i]) != kPoisonBits)
@@ -350,140 +334,26 @@ std::optional<std::string> Executor::check_decode(const Expectation& x,
   return std::nullopt;
 }
 
-std::optional<std::string> Executor::step(const Command& command) {
-  const Stopwatch whole(stats_.seconds_in_commands);
-  executed_.push_back(command);
-  ++stats_.commands[kind_name(command)];
-  const Geometry& g = case_.geometry;
-  const DType dt = case_.dtype;
-  std::optional<std::string> diff;
-  auto both = [&](auto model_call, auto system_call) {
-    auto m = attempt(model_call);
-    if (m.refused) ++stats_.refused;
-    if (system_) {
-      auto s = attempt(system_call);
-      if (auto d = compare_refusal(m, s)) return std::optional<std::string>(*d);
-      if (m.value && s.value && !(*m.value == *s.value))
-        return std::optional<std::string>("results differ");
-    }
-    return std::optional<std::string>();
-  };
+Executor::Executor(const Case& c, System* system)
+    : case_(c), sides_(std::make_unique<Sides>(c, system)) {}
 
-  if (const auto* c = std::get_if<Append>(&command)) {
-    const HostRows rows = make_rows(g, dt, c->n, c->seed, c->data);
-    const std::int64_t first = model_.len();
-    auto m = attempt([&] { model_.append(view_of(rows)); });
-    if (m.value) remember_rows(rows, first);
-    else ++stats_.refused;
-    if (system_) diff = compare_refusal(m, attempt([&] { system_->append(rows); }));
-  } else if (const auto* c = std::get_if<AppendDc>(&command)) {
-    const HostRows row = make_rows(g, dt, 1, c->seed, c->data);
-    const std::int64_t at = model_.len_d();
-    const bool writes = dc_append_writes(c->windowed);
-    auto m = attempt([&] {
-      c->windowed ? model_.append_dcw(view_of(row)) : model_.append_dc(view_of(row));
-    });
-    if (m.value && writes) remember_rows(row, at);
-    if (!m.value) ++stats_.refused;
-    if (system_) diff = compare_refusal(m, attempt([&] { system_->append_dc(row, c->windowed); }));
-  } else if (std::holds_alternative<IncSeqlen>(command)) {
-    diff = both([&] { model_.inc_seqlen(); }, [&] { system_->inc_seqlen(); });
-  } else if (const auto* c = std::get_if<AccountSteps>(&command)) {
-    diff = both([&] { model_.account_steps(c->k); }, [&] { system_->account_steps(c->k); });
-  } else if (const auto* c = std::get_if<Reserve>(&command)) {
-    diff = both([&] { model_.reserve(c->k); }, [&] { system_->reserve(c->k); });
-  } else if (const auto* c = std::get_if<Rewind>(&command)) {
-    auto m = attempt([&] { model_.rewind(c->to); });
-    if (m.value) ++stats_.rewinds;
-    else ++stats_.refused;
-    if (system_) diff = compare_refusal(m, attempt([&] { system_->rewind(c->to); }));
-  } else if (const auto* c = std::get_if<Decode>(&command)) {
-    const auto q = make_query(g, case_.n_q_heads, c->seed);
-    auto m = attempt([&]() -> std::optional<std::vector<double>> {
-      switch (c->variant) {
-        case DecodeVariant::host: return model_.decode(q, case_.n_q_heads);
-        case DecodeVariant::dc: return model_.decode_dc(q, case_.n_q_heads);
-        case DecodeVariant::dcw: return model_.decode_dcw(q, case_.n_q_heads);
-      }
-      return std::nullopt;
-    });
-    if (!m.value) ++stats_.refused;
-    std::optional<Expectation> x;
-    if (m.value) x = expect_decode(c->variant, q, *m.value);
-    if (x && x->self_check) diff = x->self_check;
-    if (system_ && !diff) {
-      auto s = attempt([&] { return system_->decode(c->variant, q); });
-      diff = compare_refusal(m, s);
-      if (!diff && x) diff = check_decode(*x, *s.value);
-    }
-  } else if (const auto* c = std::get_if<PhysicalRows>(&command)) {
-    diff = both([&] { return model_.physical_rows(c->start, c->end); },
-                [&] { return system_->physical_rows(c->start, c->end); });
-  } else if (const auto* c = std::get_if<CanRewindTo>(&command)) {
-    diff = both([&] { return model_.can_rewind_to(c->p); },
-                [&] { return system_->can_rewind_to(c->p); });
-  } else if (const auto* c = std::get_if<GraphChain>(&command)) {
-    // NOTE: a chain whose variant does not suit the layer is a no-op on both sides (the
-    // generator never draws one; shrinking can make one by dropping earlier commands).
-    const bool suits = c->windowed ? g.window.has_value() : (!g.is_ring() && !g.window);
-    if (suits && c->steps > 0) {
-      std::vector<HostRows> rows;
-      std::vector<std::vector<float>> queries;
-      std::vector<Expectation> expected;
-      Rng rng(c->seed);
-      // The model runs the steps eagerly; each step's expectation (and bound) is taken on the
-      // state that step decoded. Every replayed step is compared with the reference within the
-      // bound, and bit for bit with the same decode run eagerly on the state it left.
-      for (std::int64_t i = 0; i < c->steps; ++i) {
-        rows.push_back(make_rows(g, dt, 1, rng.next(), DataKind::gaussian));
-        queries.push_back(make_query(g, case_.n_q_heads, rng.next()));
-        const std::int64_t at = model_.len_d();
-        if (dc_append_writes(c->windowed)) remember_rows(rows.back(), at);
-        if (c->windowed) model_.append_dcw(view_of(rows.back()));
-        else model_.append_dc(view_of(rows.back()));
-        model_.inc_seqlen();
-        const auto variant = c->windowed ? DecodeVariant::dcw : DecodeVariant::dc;
-        auto out = c->windowed ? model_.decode_dcw(queries.back(), case_.n_q_heads)
-                               : model_.decode_dc(queries.back(), case_.n_q_heads);
-        expected.push_back(expect_decode(variant, queries.back(), std::move(out)));
-        if (expected.back().self_check && !diff) diff = expected.back().self_check;
-      }
-      stats_.graph_replays += c->steps;
-      if (system_ && !diff) {
-        const auto outputs = system_->graph_chain(rows, queries, c->windowed);
-        const auto eager = system_->last_chain_eager();
-        if (outputs.size() != expected.size())
-          diff = "graph chain returned " + std::to_string(outputs.size()) + " outputs for " +
-                 std::to_string(expected.size()) + " steps";
-        else if (!eager.empty() && eager.size() != outputs.size())
-          diff = "graph chain ran " + std::to_string(eager.size()) + " eager decodes for " +
-                 std::to_string(outputs.size()) + " steps";
-        for (std::size_t i = 0; i < expected.size() && !diff; ++i) {
-          std::optional<std::string> d = check_decode(expected[i], outputs[i]);
-          for (std::size_t e = 0; !d && !eager.empty() && e < outputs[i].size(); ++e)
-            if (std::bit_cast<std::uint32_t>(outputs[i][e]) !=
-                std::bit_cast<std::uint32_t>(eager[i].at(e)))
-              d = expected[i].name + " output element " + std::to_string(e) + ": replayed " +
-                  std::to_string(outputs[i][e]) + " but eager " + std::to_string(eager[i][e]) +
-                  " on the same state (must be bit-identical)";
-          if (d) diff = "step " + std::to_string(i) + ": " + *d;
-        }
-      }
-      auto m = attempt([&] { model_.account_steps(c->steps); });
-      if (system_) {
-        auto s = attempt([&] { system_->account_steps(c->steps); });
-        if (!diff) diff = compare_refusal(m, s);
-      }
-    }
-  } else if (std::holds_alternative<StatusQuery>(command)) {
-    if (system_ && !(system_->snapshot().status == model_.status()))
-      diff = "status differs:\n  model:  " + model_.status().message() + "\n  system: " +
-             system_->snapshot().status.message();
-    model_.clear_status();
-    if (system_) system_->clear_status();
-  }
+Executor::~Executor() = default;
+
+const ref::KvLayer& Executor::model() const {
+  return sides_->model();
+}
+
+const Stats& Executor::stats() const {
+  return sides_->stats();
+}
+
+std::optional<std::string> Executor::step(const Command& command) {
+  const Stopwatch whole(sides_->stats().seconds_in_commands);
+  executed_.push_back(command);
+  ++sides_->stats().commands[kind_name(command)];
+  const auto diff = std::visit([&](const auto& c) { return c.run(*sides_); }, command);
   if (diff) return describe(command) + ": " + *diff;
-  if (auto d = compare_state()) return "after " + describe(command) + ": " + *d;
+  if (auto d = sides_->compare_state()) return "after " + describe(command) + ": " + *d;
   return std::nullopt;
 }
 

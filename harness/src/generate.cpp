@@ -4,8 +4,16 @@
 #include <rapidcheck/state.h>
 
 #include <algorithm>
+#include <optional>
 #include <ostream>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <variant>
+#include <vector>
 
+#include "draw.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/harness/replay_file.hpp"
 
@@ -25,131 +33,74 @@ Geometry twin_geometry(Geometry g) {
   return g;
 }
 
+/// A command's effect on the twin; a refusal there is one on both real sides too (nothing to
+/// track).
 void apply_to_twin(ref::KvLayer& t, const Command& command) {
-  static const std::vector<std::uint8_t> zeros(4096 * kBlockValues * sizeof(float), 0);
-  const auto rows = [&](std::int64_t n) {
-    return ref::RowsView{zeros.data(), zeros.data(), std::min<std::int64_t>(n, 4096), DType::f32};
-  };
   try {
-    if (const auto* c = std::get_if<Append>(&command)) {
-      if (c->n >= 1 && c->n <= 4096) t.append(rows(c->n));
-    } else if (const auto* c = std::get_if<AppendDc>(&command)) {
-      c->windowed ? t.append_dcw(rows(1)) : t.append_dc(rows(1));
-    } else if (std::holds_alternative<IncSeqlen>(command)) {
-      t.inc_seqlen();
-    } else if (const auto* c = std::get_if<AccountSteps>(&command)) {
-      t.account_steps(c->k);
-    } else if (const auto* c = std::get_if<Reserve>(&command)) {
-      t.reserve(c->k);
-    } else if (const auto* c = std::get_if<Rewind>(&command)) {
-      t.rewind(c->to);
-    } else if (const auto* c = std::get_if<GraphChain>(&command)) {
-      for (std::int64_t i = 0; i < c->steps; ++i) {
-        c->windowed ? t.append_dcw(rows(1)) : t.append_dc(rows(1));
-        t.inc_seqlen();
-      }
-      t.account_steps(c->steps);
-    }
+    std::visit([&](const auto& c) { c.apply(t); }, command);
   } catch (const Error&) {
-    // Refused on the twin: refused on both real sides too; nothing to track.
   }
 }
 
-DataKind draw_data_kind() {
-  return *rc::gen::weightedElement<DataKind>({{12, DataKind::gaussian},
-                                              {2, DataKind::wide},
-                                              {2, DataKind::integers},
-                                              {2, DataKind::ties},
-                                              {1, DataKind::constant},
-                                              {1, DataKind::tiny},
-                                              {1, DataKind::bad}});
+std::uint64_t draw_seed() {
+  return *rc::gen::arbitrary<std::uint32_t>();
 }
 
-std::uint64_t draw_seed() { return *rc::gen::arbitrary<std::uint32_t>(); }
-
-/// One command, drawn against the twin's state: mostly legal, sometimes just past a limit.
-Command draw_command(const GenModel& m) {
-  const ref::KvLayer& t = *m.twin;
-  const Geometry& g = m.geometry;
-  const std::int64_t len = t.len(), len_d = t.len_d(), base = t.base();
-  const bool flat_full = !g.is_ring() && !g.window;
-  const std::int64_t room = g.max_ctx - len;
-  const std::int64_t max_n = std::max<std::int64_t>(1, std::min(g.is_ring() ? g.max_append : 48, room));
-  // The lowest legal rewind target.
-  std::int64_t lowest = len;
-  while (lowest > 0 && t.can_rewind_to(lowest - 1)) --lowest;
-  if (len_d > len && *rc::gen::inRange(0, 3) != 0) return AccountSteps{len_d - len};
-  const int pick = *rc::gen::weightedElement<int>({{g.is_ring() ? 24 : 14, 0}, {6, 1}, {2, 2}, {3, 3}, {4, 4},
-                                                   {8, 5}, {2, 6}, {2, 7}, {3, 8}, {1, 9}});
-  switch (pick) {
-    case 0: {  // append, occasionally one row more than fits
-      const bool over = *rc::gen::inRange(0, 20) == 0;
-      const std::int64_t n = over ? room + 1 : *rc::gen::inRange<std::int64_t>(1, max_n + 1);
-      return Append{std::max<std::int64_t>(n, over ? 1 : 0), draw_seed(), draw_data_kind()};
-    }
-    case 1: {  // a device-counter append; the next command is usually its inc_seqlen
-      const bool windowed = g.is_ring() || (g.window && *rc::gen::inRange(0, 2) == 0) ||
-                            (!g.window && *rc::gen::inRange(0, 8) == 0);
-      return AppendDc{draw_seed(), draw_data_kind(), windowed};
-    }
-    case 2: return IncSeqlen{};
-    case 3: {  // reserve
-      const bool over = *rc::gen::inRange(0, 10) == 0;
-      return Reserve{over ? room + 1 : *rc::gen::inRange<std::int64_t>(0, max_n + 1)};
-    }
-    case 4: {  // rewind: legal, at the limit, or one past it
-      const int how = *rc::gen::inRange(0, 6);
-      if (how == 0) return Rewind{lowest - 1};
-      if (how == 1) return Rewind{len + 1};
-      if (how == 2) return Rewind{lowest};
-      return Rewind{*rc::gen::inRange<std::int64_t>(lowest, len + 1)};
-    }
-    case 5: {  // decode, in a variant that suits the layer (rarely one that does not)
-      DecodeVariant v = DecodeVariant::host;
-      const int how = *rc::gen::inRange(0, 10);
-      if (how >= 4) v = flat_full ? DecodeVariant::dc : (g.window ? DecodeVariant::dcw : v);
-      if (how == 9) v = flat_full ? DecodeVariant::dcw : DecodeVariant::dc;
-      return Decode{v, draw_seed()};
-    }
-    case 6: {
-      const std::int64_t a = *rc::gen::inRange<std::int64_t>(std::max<std::int64_t>(0, base - 2), len + 2);
-      const std::int64_t b = *rc::gen::inRange<std::int64_t>(a - 1, std::min(len, base + g.rows()) + 3);
-      return PhysicalRows{a, b};
-    }
-    case 7: return CanRewindTo{*rc::gen::inRange<std::int64_t>(std::max<std::int64_t>(0, lowest - 3), len + 3)};
-    case 8: {  // a captured chain of device-counter steps
-      const std::int64_t steps = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, std::min<std::int64_t>(24, room + 1)));
-      return GraphChain{steps, draw_seed(), !flat_full};
-    }
-    default: return StatusQuery{};
+/// The choices of a command's generator, drawn with rapidcheck (so they shrink).
+class RcDraw final : public Draw {
+ public:
+  int in_range(int lo, int hi) override { return *rc::gen::inRange(lo, hi); }
+  std::int64_t in_range64(std::int64_t lo, std::int64_t hi) override {
+    return *rc::gen::inRange<std::int64_t>(lo, hi);
   }
-}
-
-struct Step : rc::state::Command<GenModel, Executor> {
-  harness::Command command;
-  explicit Step(const GenModel& m) : command(draw_command(m)) {}
-  void apply(GenModel& m) const override {
-    auto next = std::make_shared<ref::KvLayer>(*m.twin);
-    apply_to_twin(*next, command);
-    m.twin = std::move(next);
+  int weighted(std::span<const std::pair<int, int>> choices) override {
+    // What rc::gen::weightedElement builds from its initializer list.
+    std::vector<std::size_t> weights;
+    std::vector<int> values;
+    for (const auto& [weight, value] : choices) {
+      weights.push_back(std::size_t(weight));
+      values.push_back(value);
+    }
+    return *rc::Gen<int>(
+        rc::gen::detail::WeightedElementGen<int>(std::move(weights), std::move(values)));
   }
-  void run(const GenModel&, Executor& ex) const override {
-    if (auto diff = ex.step(command)) RC_FAIL(*diff);
-  }
-  void show(std::ostream& os) const override { os << describe(command); }
+  std::uint64_t seed() override { return draw_seed(); }
 };
 
-/// Before a graph chain on a ring, usually reserve its headroom (SPEC §7); a chain without one
-/// is legal too and must be reported as a device error when it overruns.
-struct ReserveThenChain : rc::state::Command<GenModel, Executor> {
+/// The command type at `index` in Command, its arguments drawn by its gen.
+Command gen_command(int index, const GenView& v, Draw& d) {
+  std::optional<Command> command;
+  int i = 0;
+  for_each_command([&]<typename C>(std::type_identity<C>) {
+    if (i++ == index) command = C::gen(v, d);
+  });
+  return *command;
+}
+
+/// One command, drawn against the twin's state: the first one due (in Command's order), else
+/// one picked by the commands' weights.
+Command draw_command(const GenModel& m) {
+  const GenView v{m.geometry, *m.twin};
+  RcDraw d;
+  std::optional<Command> due;
+  for_each_command([&]<typename C>(std::type_identity<C>) {
+    if constexpr (requires { C::due(v, d); })
+      if (!due)
+        if (auto c = C::due(v, d)) due = *c;
+  });
+  if (due) return *due;
+  std::vector<std::pair<int, int>> choices;  // (weight, index in Command)
+  int index = 0;
+  for_each_command([&]<typename C>(std::type_identity<C>) {
+    if (const int weight = C::weight(v); weight > 0) choices.emplace_back(weight, index);
+    ++index;
+  });
+  return gen_command(d.weighted(choices), v, d);
+}
+
+/// What rapidcheck's state machine draws, shrinks and runs: commands drawn together.
+struct Drawn : rc::state::Command<GenModel, Executor> {
   std::vector<harness::Command> commands;
-  explicit ReserveThenChain(const GenModel& m) {
-    const Geometry& g = m.geometry;
-    const bool flat_full = !g.is_ring() && !g.window;
-    const std::int64_t room = g.max_ctx - m.twin->len();
-    const std::int64_t steps = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, std::min<std::int64_t>(24, room + 1)));
-    commands = {Reserve{steps}, GraphChain{steps, draw_seed(), !flat_full}};
-  }
   void apply(GenModel& m) const override {
     auto next = std::make_shared<ref::KvLayer>(*m.twin);
     for (const auto& c : commands) apply_to_twin(*next, c);
@@ -160,8 +111,46 @@ struct ReserveThenChain : rc::state::Command<GenModel, Executor> {
       if (auto diff = ex.step(c)) RC_FAIL(*diff);
   }
   void show(std::ostream& os) const override {
-    for (std::size_t i = 0; i < commands.size(); ++i) os << (i ? "; " : "") << describe(commands[i]);
+    for (std::size_t i = 0; i < commands.size(); ++i)
+      os << (i ? "; " : "") << describe(commands[i]);
   }
+};
+
+/// One command.
+struct Step : Drawn {
+  explicit Step(const GenModel& m) { commands = {draw_command(m)}; }
+};
+
+/// The commands of C's scenario.
+template <typename C>
+struct Scenario : Drawn {
+  explicit Scenario(const GenModel& m) {
+    RcDraw d;
+    commands = C::scenario(GenView{m.geometry, *m.twin}, d);
+  }
+};
+
+/// The next draw: one of seven Steps or one Scenario per command that has one, picked
+/// uniformly (one draw in eight a scenario while GraphChain's is the only one).
+template <typename... Scenarios>
+auto exec_one_of(std::tuple<Scenarios...>*) {
+  return rc::state::gen::execOneOfWithArgs<Step, Step, Step, Step, Step, Step, Step,
+                                           Scenarios...>();
+}
+
+template <typename C>
+concept HasScenario = requires {
+  &C::scenario;
+};
+
+/// The Scenario of every command that has one, as a std::tuple type.
+template <typename V>
+struct Scenarios;
+template <typename... Cs>
+struct Scenarios<std::variant<Cs...>> {
+  template <typename C>
+  using Of = std::conditional_t<HasScenario<C>, std::tuple<Scenario<C>>, std::tuple<>>;
+  using type = decltype(std::tuple_cat(std::declval<Of<Cs>>()...));
 };
 
 }  // namespace
@@ -196,8 +185,7 @@ void model_based_property(const PropertyOptions& options) {
   Executor executor(c, system.get());
   GenModel model{c.geometry, std::make_shared<ref::KvLayer>(twin_geometry(c.geometry))};
   try {
-    rc::state::check(model, executor,
-                     rc::state::gen::execOneOfWithArgs<Step, Step, Step, Step, Step, Step, Step, ReserveThenChain>());
+    rc::state::check(model, executor, exec_one_of(static_cast<Scenarios<Command>::type*>(nullptr)));
   } catch (...) {
     if (!options.replay_path.empty()) {
       c.commands = executor.executed();
@@ -206,6 +194,10 @@ void model_based_property(const PropertyOptions& options) {
     throw;
   }
   if (options.on_case_done) options.on_case_done(executor.stats());
+  if (options.on_case_passed) {
+    c.commands = executor.executed();
+    options.on_case_passed(c);
+  }
 }
 
 }  // namespace kvlayer::harness

@@ -1,8 +1,11 @@
 #include "kvlayer/harness/replay_file.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
+#include <utility>
 
 #include "kvlayer/error.hpp"
 
@@ -71,54 +74,74 @@ DType dtype_of(const std::string& s, const std::string& where) {
 
 constexpr std::int64_t kMaxCount = 1 << 30;
 
-Command command_of(const json& j, const std::string& where) {
-  const std::string op = text(j, "op", where);
-  if (op == "append")
-    return Append{integer(j, "n", where, -kMaxCount, kMaxCount), seed_of(j, where), data_kind(j, where)};
-  if (op == "append_dc" || op == "append_dcw")
-    return AppendDc{seed_of(j, where), data_kind(j, where), op == "append_dcw"};
-  if (op == "inc_seqlen") return IncSeqlen{};
-  if (op == "account_steps") return AccountSteps{integer(j, "k", where, -kMaxCount, kMaxCount)};
-  if (op == "reserve") return Reserve{integer(j, "k", where, -kMaxCount, kMaxCount)};
-  if (op == "rewind") return Rewind{integer(j, "to", where, -kMaxCount, kMaxCount)};
-  if (op == "decode") return Decode{DecodeVariant::host, seed_of(j, where)};
-  if (op == "decode_dc") return Decode{DecodeVariant::dc, seed_of(j, where)};
-  if (op == "decode_dcw") return Decode{DecodeVariant::dcw, seed_of(j, where)};
-  if (op == "physical_rows")
-    return PhysicalRows{integer(j, "start", where, -kMaxCount, kMaxCount),
-                        integer(j, "end", where, -kMaxCount, kMaxCount)};
-  if (op == "can_rewind_to") return CanRewindTo{integer(j, "p", where, -kMaxCount, kMaxCount)};
-  if (op == "graph_chain")
-    return GraphChain{integer(j, "steps", where, 0, 4096), seed_of(j, where),
-                      boolean(j, "windowed", where)};
-  if (op == "status") return StatusQuery{};
-  malformed(where + ".op", "unknown op '" + op + "'");
+/// A command's fields into its JSON object.
+struct JsonOut {
+  json& j;
+  void count(const char* key, std::int64_t v, std::int64_t = 0, std::int64_t = 0) { j[key] = v; }
+  void range(const char* start_key, const char* end_key, std::int64_t start, std::int64_t end) {
+    j[start_key] = start;
+    j[end_key] = end;
+  }
+  void data(DataKind kind) { j["data"] = data_kind_name(kind); }
+  void seed(std::uint64_t seed) { j["seed"] = seed; }
+  void flag(const char* key, bool v, const char*, const char*) { j[key] = v; }
+};
+
+/// A command's fields from its JSON object, each checked as it is read.
+struct JsonIn {
+  const json& j;
+  const std::string& where;
+  void count(const char* key, std::int64_t& v, std::int64_t lo = -kMaxCount,
+             std::int64_t hi = kMaxCount) {
+    v = integer(j, key, where, lo, hi);
+  }
+  void range(const char* start_key, const char* end_key, std::int64_t& start, std::int64_t& end) {
+    count(start_key, start);
+    count(end_key, end);
+  }
+  void data(DataKind& kind) { kind = data_kind(j, where); }
+  void seed(std::uint64_t& seed) { seed = seed_of(j, where); }
+  void flag(const char* key, bool& v, const char*, const char*) { v = boolean(j, key, where); }
+};
+
+json command_json(const Command& command) {
+  return std::visit(
+      []<typename C>(const C& c) {
+        json j = json::object();
+        j["op"] = std::string(name_of(c));
+        JsonOut out{j};
+        C::fields(c, out);
+        return j;
+      },
+      command);
 }
 
-struct ToJson {
-  json operator()(const Append& c) const {
-    return {{"op", "append"}, {"n", c.n}, {"data", data_kind_name(c.data)}, {"seed", c.seed}};
+/// The command named `op`, its fields read from j; nullopt when C does not go by that name.
+template <typename C>
+std::optional<Command> command_named(const std::string& op, const json& j,
+                                     const std::string& where) {
+  const auto names = names_of<C>();
+  const auto it = std::find(names.begin(), names.end(), op);
+  if (it == names.end()) return std::nullopt;
+  C c{};
+  if constexpr (requires { C::named_by; }) {
+    using Name = std::remove_reference_t<decltype(c.*C::named_by)>;
+    c.*C::named_by = static_cast<Name>(it - names.begin());
   }
-  json operator()(const AppendDc& c) const {
-    return {{"op", c.windowed ? "append_dcw" : "append_dc"}, {"data", data_kind_name(c.data)},
-            {"seed", c.seed}};
-  }
-  json operator()(const IncSeqlen&) const { return {{"op", "inc_seqlen"}}; }
-  json operator()(const AccountSteps& c) const { return {{"op", "account_steps"}, {"k", c.k}}; }
-  json operator()(const Reserve& c) const { return {{"op", "reserve"}, {"k", c.k}}; }
-  json operator()(const Rewind& c) const { return {{"op", "rewind"}, {"to", c.to}}; }
-  json operator()(const Decode& c) const {
-    return {{"op", decode_variant_name(c.variant)}, {"seed", c.seed}};
-  }
-  json operator()(const PhysicalRows& c) const {
-    return {{"op", "physical_rows"}, {"start", c.start}, {"end", c.end}};
-  }
-  json operator()(const CanRewindTo& c) const { return {{"op", "can_rewind_to"}, {"p", c.p}}; }
-  json operator()(const GraphChain& c) const {
-    return {{"op", "graph_chain"}, {"steps", c.steps}, {"windowed", c.windowed}, {"seed", c.seed}};
-  }
-  json operator()(const StatusQuery&) const { return {{"op", "status"}}; }
-};
+  JsonIn in{j, where};
+  C::fields(c, in);
+  return c;
+}
+
+Command command_of(const json& j, const std::string& where) {
+  const std::string op = text(j, "op", where);
+  std::optional<Command> command;
+  for_each_command([&]<typename C>(std::type_identity<C>) {
+    if (!command) command = command_named<C>(op, j, where);
+  });
+  if (!command) malformed(where + ".op", "unknown op '" + op + "'");
+  return *command;
+}
 
 }  // namespace
 
@@ -135,7 +158,7 @@ std::string to_json(const Case& c) {
     << ",\n  \"dtype\": \"" << dtype_name(c.dtype) << "\",\n  \"seed\": " << c.seed
     << ",\n  \"commands\": [";
   for (std::size_t i = 0; i < c.commands.size(); ++i)
-    s << (i ? ",\n    " : "\n    ") << std::visit(ToJson{}, c.commands[i]).dump();
+    s << (i ? ",\n    " : "\n    ") << command_json(c.commands[i]).dump();
   s << "\n  ]\n}\n";
   return s.str();
 }

@@ -1,14 +1,38 @@
-// The commands of a model-based test case, as plain data: what rapidcheck generates and
-// shrinks, what `kvlayer fuzz` draws, and what a replay file stores. No rapidcheck, no CUDA.
+// The commands of a model-based test case: what rapidcheck generates and shrinks, what
+// `kvlayer fuzz` draws, and what a replay file stores. No rapidcheck, no CUDA.
+//
+// Each command is one struct: its arguments, its op name, its fields (its replay-file form and
+// its line) and the declarations of the rest, which harness/src/commands/<name>.cpp defines:
+//   static int weight(const GenView&)     how often the generator draws it, relative to the
+//                                         others (0: never by the weighted choice)
+//   static C gen(const GenView&, Draw&)   draws its arguments against the generator's state
+//   void apply(ref::KvLayer& twin) const  what it does to that state (the generator's model)
+//   run(Sides&) const                     runs it on the model and the system and compares;
+//                                         returns the difference, if any
+// and optionally
+//   static std::optional<C> due(const GenView&, Draw&)      drawn before the weighted choice
+//   static std::vector<Command> scenario(const GenView&, Draw&)  a short sequence drawn
+//                                         together (one in eight draws, see generate.cpp)
+// `Command` lists them; every use dispatches with std::visit, so a command that lacks a member
+// does not compile. harness/README.md says how to add one.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
 #include "kvlayer/dtype.hpp"
 #include "kvlayer/geometry.hpp"
+
+namespace kvlayer::ref {
+class KvLayer;
+}
 
 namespace kvlayer::harness {
 
@@ -26,24 +50,149 @@ enum class DataKind : std::uint8_t {
 /// Which decode entry point a Decode command calls.
 enum class DecodeVariant : std::uint8_t { host, dc, dcw };
 
-struct Append { std::int64_t n; std::uint64_t seed; DataKind data; };
-/// One device-counter append: append_dcw when `windowed`, else append_dc.
-struct AppendDc { std::uint64_t seed; DataKind data; bool windowed; };
-struct IncSeqlen {};
-struct AccountSteps { std::int64_t k; };
-struct Reserve { std::int64_t k; };
-struct Rewind { std::int64_t to; };
-struct Decode { DecodeVariant variant; std::uint64_t seed; };
-struct PhysicalRows { std::int64_t start, end; };
-struct CanRewindTo { std::int64_t p; };
-/// A captured device-counter step (append_dc(w) → inc_seqlen → decode_dc(w)), captured once
-/// and replayed `steps` times with fresh rows and queries, then account_steps(steps).
-struct GraphChain { std::int64_t steps; std::uint64_t seed; bool windowed; };
-/// Compares and clears the sticky status on both sides.
-struct StatusQuery {};
-
+// The commands (defined below). The generator's weighted choice lists them in this order.
+struct Append;
+struct AppendDc;
+struct IncSeqlen;
+struct AccountSteps;
+struct Reserve;
+struct Rewind;
+struct Decode;
+struct PhysicalRows;
+struct CanRewindTo;
+struct GraphChain;
+struct StatusQuery;
 using Command = std::variant<Append, AppendDc, IncSeqlen, AccountSteps, Reserve, Rewind, Decode,
                              PhysicalRows, CanRewindTo, GraphChain, StatusQuery>;
+
+struct GenView;  ///< what a generator sees (harness/src/draw.hpp)
+class Draw;      ///< the random choices a generator makes (harness/src/draw.hpp)
+class Sides;     ///< the model and the system, as a command's run sees them (harness/src/sides.hpp)
+
+// Fields: `fields(c, f)` lists a command's arguments once, in member order (the order a replay
+// file's fields are checked in), through calls on f:
+//   f.count(key, value[, lo, hi])   an integer; a replay file's must lie in [lo, hi]
+//                                   (default ±2^30)
+//   f.range(start_key, end_key, start, end)  a half-open range, shown "[start, end)"
+//   f.data(value)                   the rows' DataKind, key "data"
+//   f.seed(value)                   the seed of its rows or queries, key "seed" (shown last)
+//   f.flag(key, value, on, off)     a bool, shown as the word `on` or `off`
+// A command's line (describe) is its op name followed by its fields.
+
+/// What every command declares besides its arguments, name and fields (see the top of this file).
+#define KVLAYER_HARNESS_COMMAND(C)           \
+  bool operator==(const C&) const = default; \
+  static int weight(const GenView& v);       \
+  static C gen(const GenView& v, Draw& d);   \
+  void apply(ref::KvLayer& twin) const;      \
+  std::optional<std::string> run(Sides& s) const
+
+/// append(n rows) drawn from (seed, data).
+struct Append {
+  std::int64_t n;
+  std::uint64_t seed;
+  DataKind data;
+  static constexpr std::string_view name = "append";
+  static void fields(auto& c, auto& f) {
+    f.count("n", c.n);
+    f.seed(c.seed);
+    f.data(c.data);
+  }
+  KVLAYER_HARNESS_COMMAND(Append);
+};
+
+/// One device-counter append: append_dcw when `windowed`, else append_dc.
+struct AppendDc {
+  std::uint64_t seed;
+  DataKind data;
+  bool windowed;
+  static constexpr std::array<std::string_view, 2> names{"append_dc", "append_dcw"};
+  static constexpr auto named_by = &AppendDc::windowed;  ///< the index into names
+  static void fields(auto& c, auto& f) {
+    f.seed(c.seed);
+    f.data(c.data);
+  }
+  KVLAYER_HARNESS_COMMAND(AppendDc);
+};
+
+struct IncSeqlen {
+  static constexpr std::string_view name = "inc_seqlen";
+  static void fields(auto&, auto&) {}
+  KVLAYER_HARNESS_COMMAND(IncSeqlen);
+};
+
+/// Host accounting for k device-counter steps; due (usually drawn next) while len_d > len.
+struct AccountSteps {
+  std::int64_t k;
+  static constexpr std::string_view name = "account_steps";
+  static void fields(auto& c, auto& f) { f.count("k", c.k); }
+  static std::optional<AccountSteps> due(const GenView& v, Draw& d);
+  KVLAYER_HARNESS_COMMAND(AccountSteps);
+};
+
+struct Reserve {
+  std::int64_t k;
+  static constexpr std::string_view name = "reserve";
+  static void fields(auto& c, auto& f) { f.count("k", c.k); }
+  KVLAYER_HARNESS_COMMAND(Reserve);
+};
+
+struct Rewind {
+  std::int64_t to;
+  static constexpr std::string_view name = "rewind";
+  static void fields(auto& c, auto& f) { f.count("to", c.to); }
+  KVLAYER_HARNESS_COMMAND(Rewind);
+};
+
+/// A decode of a query drawn from seed, through the entry point `variant` names.
+struct Decode {
+  DecodeVariant variant;
+  std::uint64_t seed;
+  static constexpr std::array<std::string_view, 3> names{"decode", "decode_dc", "decode_dcw"};
+  static constexpr auto named_by = &Decode::variant;
+  static void fields(auto& c, auto& f) { f.seed(c.seed); }
+  KVLAYER_HARNESS_COMMAND(Decode);
+};
+
+struct PhysicalRows {
+  std::int64_t start, end;
+  static constexpr std::string_view name = "physical_rows";
+  static void fields(auto& c, auto& f) { f.range("start", "end", c.start, c.end); }
+  KVLAYER_HARNESS_COMMAND(PhysicalRows);
+};
+
+struct CanRewindTo {
+  std::int64_t p;
+  static constexpr std::string_view name = "can_rewind_to";
+  static void fields(auto& c, auto& f) { f.count("p", c.p); }
+  KVLAYER_HARNESS_COMMAND(CanRewindTo);
+};
+
+/// A captured device-counter step (append_dc(w) → inc_seqlen → decode_dc(w)), captured once
+/// and replayed `steps` times with fresh rows and queries, then account_steps(steps).
+struct GraphChain {
+  std::int64_t steps;
+  std::uint64_t seed;
+  bool windowed;
+  static constexpr std::string_view name = "graph_chain";
+  static void fields(auto& c, auto& f) {
+    f.count("steps", c.steps, 0, 4096);
+    f.seed(c.seed);
+    f.flag("windowed", c.windowed, "dcw", "dc");
+  }
+  /// reserve(steps) then the chain: the headroom a ring needs (SPEC §7).
+  static std::vector<Command> scenario(const GenView& v, Draw& d);
+  KVLAYER_HARNESS_COMMAND(GraphChain);
+};
+
+/// Compares and clears the sticky status on both sides.
+struct StatusQuery {
+  static constexpr std::string_view name = "status";
+  static void fields(auto&, auto&) {}
+  KVLAYER_HARNESS_COMMAND(StatusQuery);
+};
+
+#undef KVLAYER_HARNESS_COMMAND
 
 /// A whole case: a layer and the commands run on it.
 struct Case {
@@ -53,6 +202,33 @@ struct Case {
   std::uint64_t seed = 0;  ///< the seed the case was drawn from (informational)
   std::vector<Command> commands;
 };
+
+/// Calls f(std::type_identity<C>{}) for every command type C, in Command's order.
+template <typename F>
+void for_each_command(F&& f) {
+  [&]<typename... Cs>(std::variant<Cs...>*) {
+    (f(std::type_identity<Cs>{}), ...);
+  }(static_cast<Command*>(nullptr));
+}
+
+/// The op names a command type goes by: its `name`, or its `names` (indexed by `named_by`).
+template <typename C>
+constexpr std::span<const std::string_view> names_of() {
+  if constexpr (requires { C::named_by; })
+    return C::names;
+  else
+    return {&C::name, 1};
+}
+
+/// A command's op name: the first word of its line, its "op" in a replay file, its kind in the
+/// statistics.
+template <typename C>
+constexpr std::string_view name_of(const C& c) {
+  if constexpr (requires { C::named_by; })
+    return C::names[std::size_t(c.*C::named_by)];
+  else
+    return C::name;
+}
 
 /// One readable line for a command, e.g. "append n=3 data=ties seed=17".
 std::string describe(const Command& command);

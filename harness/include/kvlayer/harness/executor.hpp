@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kvlayer/harness/commands.hpp"
 #include "kvlayer/harness/system.hpp"
@@ -43,12 +44,15 @@ struct Mismatch {
   std::string what;
 };
 
+class Sides;
+
 /// Steps one case. NOTE: the model and the system must start fresh for each case.
 class Executor {
  public:
   /// system may be null: then only the reference runs, with its invariants and an
   /// independent float64 recomputation of every decode.
   Executor(const Case& c, System* system);
+  ~Executor();
 
   /// Runs one command on both sides and compares. Returns the difference, if any.
   std::optional<std::string> step(const Command& command);
@@ -56,37 +60,15 @@ class Executor {
   /// Runs every command of the case, stopping at the first difference.
   std::optional<Mismatch> run_all();
 
-  const ref::KvLayer& model() const { return model_; }
+  const ref::KvLayer& model() const;
   /// The commands stepped so far, in order (a failing case is saved from these).
   const std::vector<Command>& executed() const { return executed_; }
-  const Stats& stats() const { return stats_; }
+  const Stats& stats() const;
 
  private:
-  /// What a decode must produce: the reference output (nullopt: nothing may be written) and
-  /// the per-element bound, taken on the model state the decode ran on.
-  struct Expectation {
-    std::string name;
-    std::optional<std::vector<double>> out;
-    ref::DecodeBound bound;
-    std::optional<std::string> self_check;  ///< reference-only: naive recomputation failed
-  };
-  std::optional<std::string> compare_state();
-  std::optional<std::string> check_model_invariants();
-  Expectation expect_decode(DecodeVariant variant, const std::vector<float>& q,
-                            std::optional<std::vector<double>> out);
-  std::optional<std::string> check_decode(const Expectation& x, const std::vector<float>& actual);
-  void remember_rows(const HostRows& rows, std::int64_t first_logical_row);
-  bool dc_append_writes(bool windowed) const;
-
   Case case_;
-  std::unique_ptr<System> timed_;  ///< the given system behind a timing decorator
-  System* system_;
-  ref::KvLayer model_;
-  Stats stats_;
+  std::unique_ptr<Sides> sides_;  ///< the model, the system and what is compared on them
   std::vector<Command> executed_;
-  std::int64_t last_base_ = 0;
-  /// Expected bytes of every logical row written and still live: logical row -> (K, V).
-  std::map<std::int64_t, std::pair<std::vector<std::uint8_t>, std::vector<std::uint8_t>>> shadow_;
 };
 
 }  // namespace kvlayer::harness

@@ -29,6 +29,8 @@ struct PropertyOptions {
   std::string replay_path;              ///< where a failing case is written (empty: nowhere)
   DrawLimits limits;
   std::function<void(const Stats&)> on_case_done;  ///< called after every passing case
+  /// Called after every passing case with the case and the commands it ran.
+  std::function<void(const Case&)> on_case_passed;
 };
 
 /// The body of the model-based property: draws a case with rapidcheck's generators, runs it

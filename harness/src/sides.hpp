@@ -1,0 +1,151 @@
+// The two sides a command runs on: the model (the reference KvLayer) and, when the case has one,
+// the system under test; with what the executor checks after every command and the helpers a
+// command's run uses to call both and compare. The Executor owns one per case (executor.cpp
+// defines it); each command's file uses it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kvlayer/error.hpp"
+#include "kvlayer/harness/commands.hpp"
+#include "kvlayer/harness/executor.hpp"
+#include "kvlayer/harness/row_data.hpp"
+#include "kvlayer/harness/system.hpp"
+#include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/reference/kv_layer.hpp"
+
+namespace kvlayer::harness {
+
+inline ref::RowsView view_of(const HostRows& rows) {
+  return ref::RowsView{rows.k_bytes.data(), rows.v_bytes.data(), rows.n, rows.dtype};
+}
+
+/// The result of running one call on one side: a value, or the refusal message.
+template <typename T>
+struct Result {
+  std::optional<T> value;
+  std::optional<std::string> refused;
+};
+
+/// Runs f, catching a refusal (any other error propagates). A void call's value is `true`.
+template <typename F>
+auto attempt(F&& f) {
+  using T = decltype(f());
+  Result<std::conditional_t<std::is_void_v<T>, bool, T>> r;
+  try {
+    if constexpr (std::is_void_v<T>) {
+      f();
+      r.value = true;
+    } else {
+      r.value = f();
+    }
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::refused) throw;
+    r.refused = e.what();
+  }
+  return r;
+}
+
+/// Both sides must refuse alike, or both accept.
+template <typename A, typename B>
+std::optional<std::string> compare_refusal(const Result<A>& model, const Result<B>& system) {
+  if (model.refused.has_value() != system.refused.has_value())
+    return "model " + (model.refused ? "refused: " + *model.refused : std::string("accepted")) +
+           "; system " + (system.refused ? "refused: " + *system.refused : std::string("accepted"));
+  if (model.refused && *model.refused != *system.refused)
+    return "refusal messages differ:\n  model:  " + *model.refused +
+           "\n  system: " + *system.refused;
+  return std::nullopt;
+}
+
+class Sides {
+ public:
+  /// What a decode must produce: the reference output (nullopt: nothing may be written) and
+  /// the per-element bound, taken on the model state the decode ran on.
+  struct Expectation {
+    std::string name;
+    std::optional<std::vector<double>> out;
+    ref::DecodeBound bound;
+    std::optional<std::string> self_check;  ///< reference-only: naive recomputation failed
+  };
+  /// What both() found: whether the model accepted the call, and the difference, if any.
+  struct Outcome {
+    bool accepted = false;
+    std::optional<std::string> diff;
+  };
+
+  /// system may be null: then only the reference runs.
+  Sides(const Case& c, System* system);
+  Sides(const Sides&) = delete;
+  Sides& operator=(const Sides&) = delete;
+
+  const Geometry& geometry() const { return geometry_; }
+  int n_q_heads() const { return n_q_heads_; }
+  ref::KvLayer& model() { return model_; }
+  const ref::KvLayer& model() const { return model_; }
+  /// The system under test (timed into stats()), or null.
+  System* system() { return system_; }
+  Stats& stats() { return stats_; }
+  const Stats& stats() const { return stats_; }
+
+  /// The case's rows and queries drawn from a seed.
+  HostRows rows(std::int64_t n, std::uint64_t seed, DataKind kind) const;
+  std::vector<float> query(std::uint64_t seed) const;
+
+  /// Runs model_call on the model and, with a system, system_call on it: both must refuse
+  /// alike, or both accept with equal results. Counts the model's refusals.
+  template <typename M, typename S>
+  Outcome both(M&& model_call, S&& system_call) {
+    const auto m = attempt(model_call);
+    Outcome o{m.value.has_value(), std::nullopt};
+    if (m.refused) ++stats_.refused;
+    if (!system_) return o;
+    const auto s = attempt(system_call);
+    o.diff = compare_refusal(m, s);
+    if (!o.diff && m.value && s.value && !(*m.value == *s.value)) o.diff = "results differ";
+    return o;
+  }
+
+  /// The model's device-counter append (append_dcw when windowed) and decodes.
+  void model_append_dc(const HostRows& row, bool windowed);
+  std::optional<std::vector<double>> model_decode(DecodeVariant variant,
+                                                  const std::vector<float>& q);
+  /// Whether a device-counter append on the model now writes its row (SPEC §7).
+  bool dc_append_writes(bool windowed) const;
+  /// Records the expected bytes of rows written at logical rows first, first + 1, ...
+  void remember_rows(const HostRows& rows, std::int64_t first_logical_row);
+
+  /// The expectation of a decode the model just ran (out: its output); reference-only, a few
+  /// of its elements are recomputed by a naive float64 loop instead.
+  Expectation expect_decode(DecodeVariant variant, const std::vector<float>& q,
+                            std::optional<std::vector<double>> out);
+  /// The system's decode output against the expectation (within the bound; nothing written
+  /// when the model recorded a device error).
+  std::optional<std::string> check_decode(const Expectation& x, const std::vector<float>& actual);
+
+  /// After every command: the model's invariants, then planes, counters and status of both.
+  std::optional<std::string> compare_state();
+
+ private:
+  std::optional<std::string> check_model_invariants();
+
+  Geometry geometry_;
+  DType dtype_;
+  int n_q_heads_;
+  Stats stats_;
+  std::unique_ptr<System> timed_;  ///< the given system behind a timing decorator
+  System* system_;
+  ref::KvLayer model_;
+  std::int64_t last_base_ = 0;
+  /// Expected bytes of every logical row written and still live: logical row -> (K, V).
+  std::map<std::int64_t, std::pair<std::vector<std::uint8_t>, std::vector<std::uint8_t>>> shadow_;
+};
+
+}  // namespace kvlayer::harness
