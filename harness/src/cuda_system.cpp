@@ -5,8 +5,9 @@
 #include <bit>
 #include <cstring>
 
-#include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
+#include "kvlayer/cuda/runtime.hpp"
+#include "kvlayer/testing/cuda_snapshot.hpp"
 
 namespace kvlayer::harness {
 namespace {
@@ -89,19 +90,7 @@ class CudaSystem final : public System {
 
   void clear_status() override { layer_.clear_status(); }
 
-  Snapshot snapshot() override {
-    Snapshot s;
-    s.k_plane = layer_.k_plane_bytes();
-    s.v_plane = layer_.v_plane_bytes();
-    s.k_tail = layer_.k_plane_tail_bytes();
-    s.v_tail = layer_.v_plane_tail_bytes();
-    s.len = layer_.len();
-    s.base = layer_.base();
-    s.len_d = layer_.read_len_d();
-    s.base_d = layer_.read_base_d();
-    s.status = layer_.status();
-    return s;
-  }
+  Snapshot snapshot() override { return testing::snapshot(layer_, testing::Tails::read); }
 
   kvlayer::AccumulationShape accumulation_shape(DecodeVariant) override {
     return layer_.accumulation_shape();

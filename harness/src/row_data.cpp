@@ -1,55 +1,12 @@
 #include "kvlayer/harness/row_data.hpp"
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 #include <optional>
-
-#include "kvlayer/half.hpp"
+#include <utility>
 
 namespace kvlayer::harness {
-
-std::uint64_t Rng::next() {
-  std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-double Rng::uniform() {
-  return double(next() >> 11) * 0x1.0p-53;
-}
-
-std::int64_t Rng::range(std::int64_t lo, std::int64_t hi) {
-  return lo + std::int64_t(next() % std::uint64_t(hi - lo + 1));
-}
-
-double Rng::normal() {
-  const double u1 = 1.0 - uniform(), u2 = uniform();
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
-}
-
 namespace {
-
-/// Rounds to what dtype can hold, and writes the encoding.
-float encode(float x, DType dtype, std::uint8_t* out) {
-  switch (dtype) {
-    case DType::f32:
-      std::memcpy(out, &x, 4);
-      return x;
-    case DType::f16: {
-      const std::uint16_t h = f32_to_f16_bits(x);
-      std::memcpy(out, &h, 2);
-      return f16_bits_to_f32(h);
-    }
-    case DType::bf16: {
-      const std::uint16_t b = f32_to_bf16_bits(x);
-      std::memcpy(out, &b, 2);
-      return bf16_bits_to_f32(b);
-    }
-  }
-  return x;
-}
 
 /// The q5_1 quant of x in a block with min 0 and reciprocal scale id, as SPEC §3 demands (a
 /// separate f32 multiply, then add) or as one fused multiply-add would compute it.
@@ -59,9 +16,6 @@ unsigned q5_1_quant(float x, float id, bool fused) {
   return unsigned(scaled + 0.5f);
 }
 
-/// A q5_1 block (min 0 at lane 1, max at lane 0) whose other lanes sit where the separate
-/// multiply-then-add and a fused multiply-add give different quants, so that an FMA-contracted
-/// quantizer is caught (only f32 inputs keep these values exactly).
 /// A value near (m − 0.5)·d where the two computations differ, or nullopt.
 std::optional<float> fma_sensitive_near(int m, float d, float id, float hi) {
   float below = (float(m) - 0.5f) * d, above = below;
@@ -147,10 +101,11 @@ void fill_block(float* x, DataKind kind, bool k_side, double sigma, Rng& rng) {
   }
 }
 
-void fill_plane(std::vector<float>& values, std::vector<std::uint8_t>& bytes, std::int64_t n,
-                std::int64_t kv_dim, DType dtype, DataKind kind, bool k_side, Rng& rng) {
+/// n rows of kv_dim values of `kind` (K-side tie patterns when k_side).
+std::vector<float> plane_values(std::int64_t n, std::int64_t kv_dim, DataKind kind, bool k_side,
+                                Rng& rng) {
   const double sigma = std::pow(10.0, rng.uniform() * 4 - 2);
-  values.assign(std::size_t(n * kv_dim), 0.0f);
+  std::vector<float> values(std::size_t(n * kv_dim), 0.0f);
   for (std::int64_t b = 0; b < n * kv_dim / kBlockValues; ++b)
     fill_block(values.data() + b * kBlockValues, kind, k_side, sigma, rng);
   if (kind == DataKind::bad) {
@@ -160,9 +115,7 @@ void fill_plane(std::vector<float>& values, std::vector<std::uint8_t>& bytes, st
                               -std::numeric_limits<float>::infinity(), 3.0e9f};
     values[std::size_t(at)] = specials[rng.range(0, 3)];
   }
-  bytes.assign(values.size() * dtype_size(dtype), 0);
-  for (std::size_t i = 0; i < values.size(); ++i)
-    values[i] = encode(values[i], dtype, bytes.data() + i * dtype_size(dtype));
+  return values;
 }
 
 }  // namespace
@@ -170,12 +123,9 @@ void fill_plane(std::vector<float>& values, std::vector<std::uint8_t>& bytes, st
 HostRows make_rows(const Geometry& g, DType dtype, std::int64_t n, std::uint64_t seed,
                    DataKind kind) {
   Rng rng(seed);
-  HostRows rows;
-  rows.n = n;
-  rows.dtype = dtype;
-  fill_plane(rows.k, rows.k_bytes, n, g.kv_dim_k(), dtype, kind, true, rng);
-  fill_plane(rows.v, rows.v_bytes, n, g.kv_dim_v(), dtype, kind, false, rng);
-  return rows;
+  std::vector<float> k = plane_values(n, g.kv_dim_k(), kind, true, rng);  // K draws first
+  std::vector<float> v = plane_values(n, g.kv_dim_v(), kind, false, rng);
+  return testing::encode_rows(std::move(k), std::move(v), n, dtype);
 }
 
 std::vector<float> make_query(const Geometry& g, int n_q_heads, std::uint64_t seed) {

@@ -5,32 +5,13 @@
 #include <vector>
 
 #include "kvlayer/harness/commands.hpp"
+#include "kvlayer/testing/rng.hpp"
+#include "kvlayer/testing/rows.hpp"
 
 namespace kvlayer::harness {
 
-/// splitmix64: small, fast, and the same on every platform.
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next();
-  /// Uniform in [0, 1).
-  double uniform();
-  /// Uniform integer in [lo, hi].
-  std::int64_t range(std::int64_t lo, std::int64_t hi);
-  /// Standard normal (Box–Muller).
-  double normal();
-
- private:
-  std::uint64_t state_;
-};
-
-/// Rows of K or V for an append: f32 values and their encoding in the case's dtype.
-struct HostRows {
-  std::vector<float> k, v;                 ///< values as f32 (exactly representable in dtype)
-  std::vector<std::uint8_t> k_bytes, v_bytes;  ///< the same values encoded as dtype
-  std::int64_t n = 0;
-  DType dtype = DType::f32;
-};
+using testing::HostRows;
+using testing::Rng;
 
 /// n rows of K (kv_dim_k values each) and V (kv_dim_v) drawn from (seed, kind), rounded to the
 /// case's dtype so that every side sees exactly the same inputs.

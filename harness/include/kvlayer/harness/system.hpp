@@ -11,17 +11,12 @@
 #include "kvlayer/harness/row_data.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/status.hpp"
+#include "kvlayer/testing/snapshot.hpp"
 
 namespace kvlayer::harness {
 
-/// Everything SPEC §10.1 compares after each command.
-struct Snapshot {
-  std::vector<std::uint8_t> k_plane, v_plane;
-  /// The padding past each plane's last row (vector loads may read it): must stay all zero.
-  std::vector<std::uint8_t> k_tail, v_tail;
-  std::int64_t len = 0, len_d = 0, base = 0, base_d = 0;
-  LayerStatus status;
-};
+/// Everything SPEC §10.1 compares after each command (the tails included).
+using testing::Snapshot;
 
 /// The bit pattern a system writes into decode outputs before a decode runs; an element still
 /// holding it was not written.

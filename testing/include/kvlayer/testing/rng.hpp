@@ -1,6 +1,8 @@
-// The tests' deterministic generator, shared by the reference, CUDA layer and decode suites.
+// The deterministic generator of the tests and the harness: a replay file stores seeds, not
+// values, so every stream drawn from it must stay the same.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace kvlayer::testing {
@@ -28,6 +30,11 @@ class Rng {
   }
   /// True with probability percent / 100.
   bool chance(int percent) { return range(0, 99) < percent; }
+  /// Standard normal (Box–Muller), from two uniform() draws.
+  double normal() {
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+  }
 
  private:
   std::uint64_t s_;
