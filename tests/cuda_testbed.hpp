@@ -18,15 +18,18 @@
 #include <string>
 #include <vector>
 
-#include "kvlayer/cuda/runtime.hpp"
-#include "kvlayer/testing/gpu.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/geometry.hpp"
-#include "kvlayer/half.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
 #include "kvlayer/status.hpp"
+#include "kvlayer/testing/cuda_snapshot.hpp"
+#include "kvlayer/testing/geometry.hpp"
+#include "kvlayer/testing/gpu.hpp"
 #include "kvlayer/testing/rng.hpp"
+#include "kvlayer/testing/rows.hpp"
+#include "kvlayer/testing/snapshot.hpp"
 
 namespace kvlayer::testing {
 
@@ -113,26 +116,6 @@ inline void adversarial_block(int p, Rng& rng, float* x) {
   }
 }
 
-/// Rows in their element encoding, as both layers take them.
-struct HostRows {
-  std::int64_t n = 0;
-  DType dtype = DType::f32;
-  std::vector<std::uint8_t> k, v;  ///< raw element bytes, row-major
-  ref::RowsView view() const { return ref::RowsView{k.data(), v.data(), n, dtype}; }
-};
-
-inline void encode(const std::vector<float>& x, DType t, std::vector<std::uint8_t>& out) {
-  out.resize(x.size() * dtype_size(t));
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    if (t == DType::f32) {
-      std::memcpy(out.data() + 4 * i, &x[i], 4);
-    } else {
-      const std::uint16_t h = t == DType::f16 ? f32_to_f16_bits(x[i]) : f32_to_bf16_bits(x[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-}
-
 inline void fill_values(std::vector<float>& x, Fill fill, Rng& rng) {
   for (std::size_t b = 0; b < x.size() / 32; ++b) {
     float* blk = x.data() + 32 * b;
@@ -152,31 +135,27 @@ inline void fill_values(std::vector<float>& x, Fill fill, Rng& rng) {
   }
 }
 
-/// n random rows for geometry g.
+/// n random rows for geometry g, encoded as t.
 inline HostRows make_rows(const Geometry& g, std::int64_t n, DType t, Fill fill, Rng& rng) {
   std::vector<float> k(std::size_t(n * g.kv_dim_k())), v(std::size_t(n * g.kv_dim_v()));
   fill_values(k, fill, rng);
   fill_values(v, fill, rng);
-  HostRows r;
-  r.n = n;
-  r.dtype = t;
-  encode(k, t, r.k);
-  encode(v, t, r.v);
-  return r;
+  return encode_rows(std::move(k), std::move(v), n, t);
 }
 
-/// A device copy of HostRows (synchronous upload). k_skip / v_skip: elements left before the
-/// rows, so that the views start off the allocation's alignment (the append's scalar path).
+/// A device copy of HostRows' encoded bytes (synchronous upload). k_skip / v_skip: elements
+/// left before the rows, so that the views start off the allocation's alignment (the append's
+/// scalar path).
 struct DeviceRows {
   DeviceBuffer k, v;
   cuda::RowsView view;
   explicit DeviceRows(const HostRows& h, std::size_t k_skip = 0, std::size_t v_skip = 0)
-      : k(h.k.size() + k_skip * dtype_size(h.dtype) + 1),
-        v(h.v.size() + v_skip * dtype_size(h.dtype) + 1) {
+      : k(h.k_bytes.size() + k_skip * dtype_size(h.dtype) + 1),
+        v(h.v_bytes.size() + v_skip * dtype_size(h.dtype) + 1) {
     std::uint8_t* kd = k.as<std::uint8_t>() + k_skip * dtype_size(h.dtype);
     std::uint8_t* vd = v.as<std::uint8_t>() + v_skip * dtype_size(h.dtype);
-    KVLAYER_CUDA_TRY(cudaMemcpy(kd, h.k.data(), h.k.size(), cudaMemcpyHostToDevice));
-    KVLAYER_CUDA_TRY(cudaMemcpy(vd, h.v.data(), h.v.size(), cudaMemcpyHostToDevice));
+    KVLAYER_CUDA_TRY(cudaMemcpy(kd, h.k_bytes.data(), h.k_bytes.size(), cudaMemcpyHostToDevice));
+    KVLAYER_CUDA_TRY(cudaMemcpy(vd, h.v_bytes.data(), h.v_bytes.size(), cudaMemcpyHostToDevice));
     // NOTE: a pageable cudaMemcpy may return before its DMA lands, and the layers' streams are
     // non-blocking (no implicit order with the legacy stream): wait for it.
     KVLAYER_CUDA_TRY(cudaDeviceSynchronize());
@@ -213,30 +192,6 @@ struct DeviceFloats {
 
 // ---- state comparison ------------------------------------------------------------------------
 
-/// Everything SPEC §10 compares.
-struct Snapshot {
-  std::vector<std::uint8_t> k, v;
-  std::int64_t len = 0, base = 0, len_d = 0, base_d = 0;
-  LayerStatus status;
-};
-
-inline Snapshot snapshot(const cuda::KvLayer& l) {
-  return Snapshot{l.k_plane_bytes(), l.v_plane_bytes(), l.len(),   l.base(),
-                  l.read_len_d(),    l.read_base_d(),   l.status()};
-}
-
-inline Snapshot snapshot(const ref::KvLayer& l) {
-  return Snapshot{l.k_plane(), l.v_plane(), l.len(), l.base(), l.len_d(), l.base_d(), l.status()};
-}
-
-/// Bit equality of two data errors (NaN values compare by bits, unlike DataError::operator==).
-inline bool same_data_error(const std::optional<DataError>& a, const std::optional<DataError>& b) {
-  if (a.has_value() != b.has_value()) return false;
-  if (!a) return true;
-  return a->row == b->row && a->plane == b->plane && a->block == b->block &&
-         std::bit_cast<std::uint32_t>(a->value) == std::bit_cast<std::uint32_t>(b->value);
-}
-
 inline std::string status_text(const LayerStatus& s) {
   std::ostringstream o;
   o << s.message();
@@ -267,16 +222,15 @@ inline std::string first_plane_difference(const std::vector<std::uint8_t>& a,
 inline ::testing::AssertionResult same_state(const Snapshot& a, const Snapshot& b,
                                              const Geometry& g) {
   std::ostringstream o;
-  const auto dk = first_plane_difference(a.k, b.k, g.k_tok_bytes(), kQ8_0BlockBytes);
-  const auto dv = first_plane_difference(a.v, b.v, g.v_tok_bytes(), kQ5_1BlockBytes);
+  const auto dk = first_plane_difference(a.k_plane, b.k_plane, g.k_tok_bytes(), kQ8_0BlockBytes);
+  const auto dv = first_plane_difference(a.v_plane, b.v_plane, g.v_tok_bytes(), kQ5_1BlockBytes);
   if (!dk.empty()) o << "K plane differs at " << dk << "; ";
   if (!dv.empty()) o << "V plane differs at " << dv << "; ";
   if (a.len != b.len) o << "len " << a.len << " vs " << b.len << "; ";
   if (a.base != b.base) o << "base " << a.base << " vs " << b.base << "; ";
   if (a.len_d != b.len_d) o << "len_d " << a.len_d << " vs " << b.len_d << "; ";
   if (a.base_d != b.base_d) o << "base_d " << a.base_d << " vs " << b.base_d << "; ";
-  if (!same_data_error(a.status.data_error, b.status.data_error) ||
-      a.status.device_error != b.status.device_error)
+  if (!same_status(a.status, b.status))
     o << "status \"" << status_text(a.status) << "\" vs \"" << status_text(b.status) << "\"; ";
   if (o.str().empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "GPU vs reference (" << g.describe() << "): " << o.str();
@@ -300,23 +254,15 @@ inline std::string refusal_of(const std::function<void()>& f) {
 
 // ---- geometries -------------------------------------------------------------------------------
 
+/// geometry.hpp's geometries with head_dim_k = head_dim_v = hd.
 inline Geometry flat(int n_kv, int hd, std::int64_t max_ctx,
                      std::optional<std::int64_t> window = std::nullopt) {
-  Geometry g;
-  g.n_kv_heads = n_kv;
-  g.head_dim_k = g.head_dim_v = hd;
-  g.max_ctx = max_ctx;
-  g.window = window;
-  return g;
+  return flat_geometry(n_kv, hd, hd, max_ctx, window);
 }
 
 inline Geometry ring(int n_kv, int hd, std::int64_t max_ctx, std::int64_t window,
                      std::int64_t max_append, std::int64_t rewind_slack) {
-  Geometry g = flat(n_kv, hd, max_ctx, window);
-  g.storage = Storage::ring;
-  g.max_append = max_append;
-  g.rewind_slack = rewind_slack;
-  return g;
+  return ring_geometry(n_kv, hd, hd, max_ctx, window, max_append, rewind_slack);
 }
 
 inline constexpr DType kDTypes[] = {DType::f32, DType::f16, DType::bf16};

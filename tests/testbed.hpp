@@ -33,20 +33,17 @@
 #include "kvlayer/reference/kv_layer.hpp"
 #include "kvlayer/reference/quantize.hpp"
 #include "kvlayer/status.hpp"
+#include "kvlayer/testing/geometry.hpp"
 #include "kvlayer/testing/rng.hpp"
+#include "kvlayer/testing/rows.hpp"
+#include "kvlayer/testing/snapshot.hpp"
 
-namespace kvtest {
+namespace kvlayer::testing {
 
-using kvlayer::DType;
-using kvlayer::Geometry;
-using kvlayer::Plane;
-using kvlayer::Storage;
-using kvlayer::ref::BlockType;
-using kvlayer::ref::KvLayer;
+using ref::BlockType;
+using ref::KvLayer;
 
 // ---- initialize ---------------------------------------------------------------------------
-
-using kvlayer::testing::Rng;  // kvlayer/testing/rng.hpp
 
 /// Which values random rows hold.
 enum class Values {
@@ -55,21 +52,6 @@ enum class Values {
   /// Integers in [−255, 255] times 2^-e, e in [0, 8]: exact in f32, f16 and bf16, so every input
   /// dtype carries the same values.
   exact16,
-};
-
-/// n rows of K and V in f32, row-major, as an append takes them.
-struct HostRows {
-  std::int64_t n = 0;
-  std::vector<float> k, v;
-
-  /// The view of these rows for an f32 append.
-  kvlayer::ref::RowsView view() const { return {k.data(), v.data(), n, DType::f32}; }
-  /// Row i's K (or V) values.
-  std::vector<float> row(Plane p, std::int64_t i, const Geometry& g) const {
-    const std::int64_t dim = p == Plane::k ? g.kv_dim_k() : g.kv_dim_v();
-    const auto& src = p == Plane::k ? k : v;
-    return {src.begin() + i * dim, src.begin() + (i + 1) * dim};
-  }
 };
 
 inline void fill_values(std::vector<float>& out, Rng& rng, Values kind) {
@@ -82,94 +64,16 @@ inline void fill_values(std::vector<float>& out, Rng& rng, Values kind) {
   }
 }
 
-/// n random rows for geometry g.
+/// n random rows for geometry g, in f32.
 inline HostRows random_rows(const Geometry& g, std::int64_t n, Rng& rng,
                             Values kind = Values::varied) {
-  HostRows r;
-  r.n = n;
-  r.k.resize(std::size_t(n * g.kv_dim_k()));
-  r.v.resize(std::size_t(n * g.kv_dim_v()));
-  fill_values(r.k, rng, kind);
-  fill_values(r.v, rng, kind);
-  return r;
-}
-
-/// Rows [first, first + count) of `r` as their own HostRows.
-inline HostRows slice(const HostRows& r, const Geometry& g, std::int64_t first,
-                      std::int64_t count) {
-  HostRows s;
-  s.n = count;
-  s.k.assign(r.k.begin() + first * g.kv_dim_k(), r.k.begin() + (first + count) * g.kv_dim_k());
-  s.v.assign(r.v.begin() + first * g.kv_dim_v(), r.v.begin() + (first + count) * g.kv_dim_v());
-  return s;
-}
-
-/// The same rows as 16-bit elements (f16 or bf16 bits); exact only for Values::exact16 inputs.
-struct HostRows16 {
-  std::vector<std::uint16_t> k, v;
-  std::int64_t n = 0;
-  DType dtype = DType::f16;
-  kvlayer::ref::RowsView view() const { return {k.data(), v.data(), n, dtype}; }
-};
-
-inline HostRows16 to16(const HostRows& r, DType t) {
-  auto conv = [t](float f) {
-    return t == DType::f16 ? kvlayer::f32_to_f16_bits(f) : kvlayer::f32_to_bf16_bits(f);
-  };
-  HostRows16 o;
-  o.n = r.n;
-  o.dtype = t;
-  for (float f : r.k) o.k.push_back(conv(f));
-  for (float f : r.v) o.v.push_back(conv(f));
-  return o;
-}
-
-/// A geometry with the fields tests vary most; everything else at its default.
-inline Geometry flat_geometry(int heads, int hdk, int hdv, std::int64_t max_ctx,
-                              std::optional<std::int64_t> window = std::nullopt) {
-  Geometry g;
-  g.n_kv_heads = heads;
-  g.head_dim_k = hdk;
-  g.head_dim_v = hdv;
-  g.max_ctx = max_ctx;
-  g.window = window;
-  return g;
-}
-
-inline Geometry ring_geometry(int heads, int hdk, int hdv, std::int64_t max_ctx,
-                              std::int64_t window, std::int64_t max_append,
-                              std::int64_t rewind_slack) {
-  Geometry g = flat_geometry(heads, hdk, hdv, max_ctx, window);
-  g.storage = Storage::ring;
-  g.max_append = max_append;
-  g.rewind_slack = rewind_slack;
-  return g;
+  std::vector<float> k(std::size_t(n * g.kv_dim_k())), v(std::size_t(n * g.kv_dim_v()));
+  fill_values(k, rng, kind);
+  fill_values(v, rng, kind);
+  return encode_rows(std::move(k), std::move(v), n, DType::f32);
 }
 
 // ---- verify: snapshots -------------------------------------------------------------------
-
-/// Bitwise equality of two statuses (DataError::value by its bits, so that a NaN report equals
-/// itself). Written out here rather than using LayerStatus::operator== so the snapshot check does
-/// not rest on the code under test.
-inline bool same_status(const kvlayer::LayerStatus& a, const kvlayer::LayerStatus& b) {
-  if (a.device_error != b.device_error) return false;
-  if (a.data_error.has_value() != b.data_error.has_value()) return false;
-  if (!a.data_error) return true;
-  const auto &x = *a.data_error, &y = *b.data_error;
-  return x.row == y.row && x.plane == y.plane && x.block == y.block &&
-         std::bit_cast<std::uint32_t>(x.value) == std::bit_cast<std::uint32_t>(y.value);
-}
-
-/// Everything SPEC §9 says a refused request leaves as it was.
-struct Snapshot {
-  std::vector<std::uint8_t> k, v;
-  std::int64_t len = 0, len_d = 0, base = 0, base_d = 0;
-  kvlayer::LayerStatus status;
-};
-
-inline Snapshot snapshot(const KvLayer& l) {
-  return {l.k_plane(), l.v_plane(), l.len(), l.len_d(), l.base(), l.base_d(), l.status()};
-}
 
 /// First difference between two byte planes ("" when equal), in rows and bytes.
 inline std::string plane_diff(const char* name, const std::vector<std::uint8_t>& want,
@@ -192,9 +96,10 @@ inline std::string plane_diff(const char* name, const std::vector<std::uint8_t>&
 /// "" when a and b are identical, else what differs.
 inline std::string snapshot_diff(const Snapshot& want, const Snapshot& got, const Geometry& g) {
   std::ostringstream s;
-  s << plane_diff("K", want.k, got.k, g.k_tok_bytes())
-    << plane_diff("V", want.v, got.v, g.v_tok_bytes());
-  if (want.k.size() != got.k.size() || want.v.size() != got.v.size()) s << "plane sizes differ; ";
+  s << plane_diff("K", want.k_plane, got.k_plane, g.k_tok_bytes())
+    << plane_diff("V", want.v_plane, got.v_plane, g.v_tok_bytes());
+  if (want.k_plane.size() != got.k_plane.size() || want.v_plane.size() != got.v_plane.size())
+    s << "plane sizes differ; ";
   auto num = [&s](const char* n, std::int64_t w, std::int64_t x) {
     if (w != x) s << n << " want " << w << ", got " << x << "; ";
   };
@@ -226,7 +131,7 @@ std::string check_refused_unchanged(const KvLayer& layer, F&& f, const std::stri
   return problem + snapshot_diff(before, snapshot(layer), layer.geometry());
 }
 
-/// GoogleTest form of check_refused_unchanged (the helper the brief asks for): records a
+/// GoogleTest form of check_refused_unchanged: records a
 /// failure at the caller's line when f is not refused with exactly `expected_message` or when
 /// any state (bytes, len, len_d, base, base_d, status) changed.
 template <typename F>
@@ -397,7 +302,17 @@ class Shadow {
   void clear_status() { status_ = {}; }
 
   /// The snapshot the reference must equal.
-  Snapshot snapshot() const { return {k_, v_, len_, len_d_, base_, base_d_, status_}; }
+  Snapshot snapshot() const {
+    Snapshot s;
+    s.k_plane = k_;
+    s.v_plane = v_;
+    s.len = len_;
+    s.len_d = len_d_;
+    s.base = base_;
+    s.base_d = base_d_;
+    s.status = status_;
+    return s;
+  }
 
   /// Dequantized K or V of logical row r as this model holds it (SPEC §4).
   std::vector<float> dequantized(Plane p, std::int64_t logical, bool device = false) const {
@@ -552,4 +467,4 @@ inline std::vector<float> random_query(const Geometry& g, int n_q_heads, Rng& rn
   return q;
 }
 
-}  // namespace kvtest
+}  // namespace kvlayer::testing

@@ -34,7 +34,7 @@ TEST(MainSelfTest, FailsThenSkips) {
 
 TEST(MainSelfTest, RecordsTightness) {
   // err 0.5 against bound 1 (exact-q term 0), max|V| 4: one element, not vacuous.
-  kvlayer::test::bound_tightness().record(0.5, 1.0, 0.0, 4.0);
+  kvlayer::testing::bound_tightness().record(0.5, 1.0, 0.0, 4.0);
 }
 
 }  // namespace

@@ -18,7 +18,7 @@
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
 
-namespace kvlayer::testing::decode {
+namespace kvlayer::testing {
 
 /// Lane 0's result of an xor butterfly over x (size a power of two): the kernel's order.
 inline float butterfly_sum(std::vector<float> x) {
@@ -123,4 +123,4 @@ inline std::vector<float> model_decode(const ref::KvLayer& layer, std::span<cons
   return out;
 }
 
-}  // namespace kvlayer::testing::decode
+}  // namespace kvlayer::testing

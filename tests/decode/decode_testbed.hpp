@@ -13,64 +13,27 @@
 #include <cstring>
 #include <optional>
 #include <span>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "decode/decode.hpp"
-#include "kvlayer/testing/gpu.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
+#include "kvlayer/testing/gpu.hpp"
 #include "kvlayer/testing/rng.hpp"
 
-namespace kvlayer::testing::decode {
+namespace kvlayer::testing {
 
+using cuda::DeviceBuffer;
 using cuda::detail::DecodeArgs;
 using cuda::detail::DecodePlan;
 using cuda::detail::DeviceStatus;
 
-/// Throws on a CUDA error (usable in constructors; GoogleTest reports the exception).
-inline void cuda_check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-/// Owns one device allocation.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
-    if (bytes > 0) cuda_check(cudaMalloc(&ptr_, bytes), "cudaMalloc");
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
-    o.ptr_ = nullptr;
-    o.bytes_ = 0;
-  }
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(ptr_, o.ptr_);
-    std::swap(bytes_, o.bytes_);
-    return *this;
-  }
-  ~DeviceBuffer() {
-    if (ptr_ != nullptr) cudaFree(ptr_);
-  }
-  template <typename T = void>
-  T* get() const {
-    return static_cast<T*>(ptr_);
-  }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  void* ptr_ = nullptr;
-  std::size_t bytes_ = 0;
-};
-
 /// n rows of dim values: every 32-value block gets its own scale 2^U(lo, hi) (varied block
 /// scales, so q8_0/q5_1 scales differ block to block), values uniform in ±scale.
-inline std::vector<float> random_rows(Rng& rng, std::int64_t n, std::int64_t dim,
-                                      double lo_log2 = -3, double hi_log2 = 2) {
+inline std::vector<float> random_values(Rng& rng, std::int64_t n, std::int64_t dim,
+                                        double lo_log2 = -3, double hi_log2 = 2) {
   std::vector<float> out(std::size_t(n * dim));
   for (std::size_t b = 0; b < out.size(); b += 32) {
     const float scale = float(std::exp2(lo_log2 + (hi_log2 - lo_log2) * rng.uniform()));
@@ -89,9 +52,8 @@ inline void append_rows(ref::KvLayer& layer, const std::vector<float>& k,
 /// Number of SMs of device 0 (the production plan input).
 inline int device_sm_count() {
   int dev = 0, sms = 0;
-  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-             "cudaDeviceGetAttribute");
+  KVLAYER_CUDA_TRY(cudaGetDevice(&dev));
+  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   return sms;
 }
 
@@ -115,8 +77,8 @@ class DecodeBed {
         len_d_(sizeof(std::int32_t)),
         base_d_(sizeof(std::int32_t)),
         status_(sizeof(DeviceStatus)) {
-    cuda_check(cudaMemset(k_.get(), 0, k_.bytes()), "cudaMemset k");
-    cuda_check(cudaMemset(v_.get(), 0, v_.bytes()), "cudaMemset v");
+    KVLAYER_CUDA_TRY(cudaMemset(k_.get(), 0, k_.bytes()));
+    KVLAYER_CUDA_TRY(cudaMemset(v_.get(), 0, v_.bytes()));
     clear_status();
   }
 
@@ -129,33 +91,29 @@ class DecodeBed {
   }
 
   void upload_planes(const ref::KvLayer& layer) {
-    cuda_check(cudaMemcpy(k_.get(), layer.k_plane().data(), layer.k_plane().size(),
-                          cudaMemcpyHostToDevice),
-               "upload k");
-    cuda_check(cudaMemcpy(v_.get(), layer.v_plane().data(), layer.v_plane().size(),
-                          cudaMemcpyHostToDevice),
-               "upload v");
+    KVLAYER_CUDA_TRY(cudaMemcpy(k_.get(), layer.k_plane().data(), layer.k_plane().size(),
+                                cudaMemcpyHostToDevice));
+    KVLAYER_CUDA_TRY(cudaMemcpy(v_.get(), layer.v_plane().data(), layer.v_plane().size(),
+                                cudaMemcpyHostToDevice));
   }
   void upload_query(std::span<const float> q) {
-    cuda_check(cudaMemcpy(q_.get(), q.data(), q.size_bytes(), cudaMemcpyHostToDevice), "upload q");
+    KVLAYER_CUDA_TRY(cudaMemcpy(q_.get(), q.data(), q.size_bytes(), cudaMemcpyHostToDevice));
   }
   void set_counters(std::int32_t len_d, std::int32_t base_d) {
-    cuda_check(cudaMemcpy(len_d_.get(), &len_d, 4, cudaMemcpyHostToDevice), "set len_d");
-    cuda_check(cudaMemcpy(base_d_.get(), &base_d, 4, cudaMemcpyHostToDevice), "set base_d");
+    KVLAYER_CUDA_TRY(cudaMemcpy(len_d_.get(), &len_d, 4, cudaMemcpyHostToDevice));
+    KVLAYER_CUDA_TRY(cudaMemcpy(base_d_.get(), &base_d, 4, cudaMemcpyHostToDevice));
   }
-  void clear_status() {
-    cuda_check(cudaMemset(status_.get(), 0, sizeof(DeviceStatus)), "clear status");
-  }
+  void clear_status() { KVLAYER_CUDA_TRY(cudaMemset(status_.get(), 0, sizeof(DeviceStatus))); }
   DeviceStatus read_status() const {
     DeviceStatus s{};
-    cuda_check(cudaMemcpy(&s, status_.get(), sizeof s, cudaMemcpyDeviceToHost), "read status");
+    KVLAYER_CUDA_TRY(cudaMemcpy(&s, status_.get(), sizeof s, cudaMemcpyDeviceToHost));
     return s;
   }
   /// NaN-poisons the output and the whole scratch.
   void poison() {
-    cuda_check(cudaMemset(out_.get(), kPoisonByte, out_.bytes()), "poison out");
+    KVLAYER_CUDA_TRY(cudaMemset(out_.get(), kPoisonByte, out_.bytes()));
     if (scratch_.bytes() > 0)
-      cuda_check(cudaMemset(scratch_.get(), kPoisonByte, scratch_.bytes()), "poison scratch");
+      KVLAYER_CUDA_TRY(cudaMemset(scratch_.get(), kPoisonByte, scratch_.bytes()));
   }
 
   /// Host-len launch arguments for view [max(0, len − window), len) at base.
@@ -168,8 +126,8 @@ class DecodeBed {
   /// Device-counter launch arguments (reads len_d / base_d set by set_counters).
   DecodeArgs device_args(float scale, bool with_base = true) const {
     DecodeArgs a = common_args(scale);
-    a.len_d = len_d_.get<std::int32_t>();
-    a.base_d = with_base ? base_d_.get<std::int32_t>() : nullptr;
+    a.len_d = len_d_.as<std::int32_t>();
+    a.base_d = with_base ? base_d_.as<std::int32_t>() : nullptr;
     return a;
   }
 
@@ -177,34 +135,33 @@ class DecodeBed {
   cudaError_t run(const DecodeArgs& a, std::vector<float>& out) {
     poison();
     const cudaError_t err = cuda::detail::launch_decode(a, plan_, nullptr);
-    cuda_check(cudaDeviceSynchronize(), "decode");
+    KVLAYER_CUDA_TRY(cudaDeviceSynchronize());
     out = read_out();
     return err;
   }
 
   std::vector<float> read_out() const {
     std::vector<float> out(out_elems());
-    cuda_check(cudaMemcpy(out.data(), out_.get(), out_.bytes(), cudaMemcpyDeviceToHost),
-               "read out");
+    KVLAYER_CUDA_TRY(cudaMemcpy(out.data(), out_.get(), out_.bytes(), cudaMemcpyDeviceToHost));
     return out;
   }
 
-  float* out_ptr() const { return out_.get<float>(); }
-  std::int32_t* len_d_ptr() const { return len_d_.get<std::int32_t>(); }
+  float* out_ptr() const { return out_.as<float>(); }
+  std::int32_t* len_d_ptr() const { return len_d_.as<std::int32_t>(); }
 
  private:
   DecodeArgs common_args(float scale) const {
     DecodeArgs a;
-    a.k_plane = k_.get<std::uint8_t>();
-    a.v_plane = v_.get<std::uint8_t>();
+    a.k_plane = k_.as<std::uint8_t>();
+    a.v_plane = v_.as<std::uint8_t>();
     a.rows = geometry_.rows();
     a.max_ctx = geometry_.max_ctx;
     a.window = geometry_.window.value_or(0);
-    a.q = q_.get<float>();
-    a.out = out_.get<float>();
+    a.q = q_.as<float>();
+    a.out = out_.as<float>();
     a.scale = scale;
     a.scratch = scratch_.get();
-    a.status = status_.get<DeviceStatus>();
+    a.status = status_.as<DeviceStatus>();
     return a;
   }
 
@@ -264,4 +221,4 @@ inline double expect_within_contract(const std::vector<float>& gpu, const std::v
   return worst;
 }
 
-}  // namespace kvlayer::testing::decode
+}  // namespace kvlayer::testing

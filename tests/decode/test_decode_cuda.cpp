@@ -205,10 +205,7 @@ TEST(CudaDecode, BadBlocksPropagateNaN) {
   fill_values(v, Fill::random, rng);
   v[40] = std::numeric_limits<float>::quiet_NaN();
   k[std::size_t(g.kv_dim_k() + 128 + 3)] = std::numeric_limits<float>::infinity();
-  HostRows bad;
-  bad.n = 2;
-  encode(k, DType::f32, bad.k);
-  encode(v, DType::f32, bad.v);
+  const HostRows bad = encode_rows(k, v, 2, DType::f32);
   const DeviceRows d(bad);
   gpu.append(d.view);
   ref.append(bad.view());

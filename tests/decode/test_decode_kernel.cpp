@@ -14,24 +14,15 @@
 #include "decode/partition.hpp"
 #include "decode_model.hpp"
 #include "decode_testbed.hpp"
-#include "kvlayer/testing/gpu.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/status.hpp"
+#include "kvlayer/testing/geometry.hpp"
+#include "kvlayer/testing/gpu.hpp"
 
-namespace kvlayer::testing::decode {
+namespace kvlayer::testing {
 namespace {
 
 using cuda::detail::plan_decode;
-
-Geometry flat_geometry(int n_kv, int head_dim, std::int64_t max_ctx,
-                       std::optional<std::int64_t> window = std::nullopt) {
-  Geometry g;
-  g.n_kv_heads = n_kv;
-  g.head_dim_k = g.head_dim_v = head_dim;
-  g.max_ctx = max_ctx;
-  g.window = window;
-  return g;
-}
 
 std::vector<float> random_query(Rng& rng, int n_q_heads, int head_dim, float amplitude) {
   std::vector<float> q(std::size_t(n_q_heads) * head_dim);
@@ -158,11 +149,11 @@ TEST_P(DecodeSweep, FlatLengthsAgainstReference) {
   const int head_dim = GetParam();
   constexpr int kKv = 2;
   constexpr std::int64_t kMaxCtx = 4096;
-  const Geometry g = flat_geometry(kKv, head_dim, kMaxCtx);
+  const Geometry g = flat_geometry(kKv, head_dim, head_dim, kMaxCtx);
   Rng rng(0xDEC0DE00u + head_dim);
   ref::KvLayer full(g);
-  append_rows(full, random_rows(rng, kMaxCtx, g.kv_dim_k()),
-              random_rows(rng, kMaxCtx, g.kv_dim_v()));
+  append_rows(full, random_values(rng, kMaxCtx, g.kv_dim_k()),
+              random_values(rng, kMaxCtx, g.kv_dim_v()));
   const float scale = ref::default_scale(head_dim);
   // Plans: the real GPU (short splits), and tiny "GPUs" that force long splits with many tiles
   // per block (exercising the cp.async pipeline and the running-max rescale).
@@ -207,10 +198,11 @@ TEST_P(DecodeSweep, FlatWindowedViews) {
   KVLAYER_REQUIRE_GPU();
   const int head_dim = GetParam();
   constexpr int kKv = 3, kGqa = 4;
-  const Geometry g = flat_geometry(kKv, head_dim, 2500, 100);
+  const Geometry g = flat_geometry(kKv, head_dim, head_dim, 2500, 100);
   Rng rng(0x1A2B3C00u + head_dim);
   ref::KvLayer layer(g);
-  append_rows(layer, random_rows(rng, 2500, g.kv_dim_k()), random_rows(rng, 2500, g.kv_dim_v()));
+  append_rows(layer, random_values(rng, 2500, g.kv_dim_k()),
+              random_values(rng, 2500, g.kv_dim_v()));
   const std::vector<float> q = random_query(rng, kKv * kGqa, head_dim, 2.0f);
   const float scale = ref::default_scale(head_dim);
   for (const int sms : {device_sm_count(), 1}) {
@@ -235,11 +227,11 @@ TEST_P(DecodeSweep, ModelLengthsWithinContract) {
   const int head_dim = GetParam();
   constexpr int kKv = 2;
   constexpr std::int64_t kMaxCtx = 2100;
-  const Geometry g = flat_geometry(kKv, head_dim, kMaxCtx);
+  const Geometry g = flat_geometry(kKv, head_dim, head_dim, kMaxCtx);
   Rng rng(0x0DE100u + head_dim);
   ref::KvLayer layer(g);
-  append_rows(layer, random_rows(rng, kMaxCtx, g.kv_dim_k()),
-              random_rows(rng, kMaxCtx, g.kv_dim_v()));
+  append_rows(layer, random_values(rng, kMaxCtx, g.kv_dim_k()),
+              random_values(rng, kMaxCtx, g.kv_dim_v()));
   const float scale = ref::default_scale(head_dim);
   for (const int gqa : {1, 16}) {
     ref::KvLayer l = layer;
@@ -268,7 +260,7 @@ TEST_P(DecodeRing, ViewsFollowTheBase) {
   KVLAYER_REQUIRE_GPU();
   const int head_dim = GetParam();
   constexpr int kKv = 2, kGqa = 8;
-  Geometry g = flat_geometry(kKv, head_dim, 4000, 300);
+  Geometry g = flat_geometry(kKv, head_dim, head_dim, 4000, 300);
   g.storage = Storage::ring;
   g.max_append = 48;
   g.rewind_slack = 5;
@@ -284,7 +276,7 @@ TEST_P(DecodeRing, ViewsFollowTheBase) {
   bool saw_offset_view = false;
   for (int i = 0; layer.len() < 1500; ++i) {
     const std::int64_t n = chunks[i % std::size(chunks)];
-    append_rows(layer, random_rows(rng, n, g.kv_dim_k()), random_rows(rng, n, g.kv_dim_v()));
+    append_rows(layer, random_values(rng, n, g.kv_dim_k()), random_values(rng, n, g.kv_dim_v()));
     bed.upload_planes(layer);
     const auto [begin, end] = layer.view();
     saw_offset_view |= begin - layer.base() > 0 && layer.base() > 0;
@@ -342,15 +334,16 @@ struct Scenario {
 Scenario adversarial(int head_dim, Scores kind) {
   constexpr int kKv = 2, kGqa = 8;
   constexpr std::int64_t kKeys = 3000;
-  const Geometry g = flat_geometry(kKv, head_dim, kKeys);
+  const Geometry g = flat_geometry(kKv, head_dim, head_dim, kKeys);
   Rng rng(0xAD0000u + head_dim * 16 + int(kind));
   const float amplitude = kind == Scores::large_range ? 24.0f : 1.0f;
   std::vector<float> q = random_query(rng, kKv * kGqa, head_dim, amplitude);
   std::vector<float> k =
-      random_rows(rng, kKeys, g.kv_dim_k(), kind == Scores::large_range ? -2 : -3,
-                  kind == Scores::large_range ? 3 : 1);
-  std::vector<float> v = kind == Scores::wide_values ? random_rows(rng, kKeys, g.kv_dim_v(), -3, 20)
-                                                     : random_rows(rng, kKeys, g.kv_dim_v());
+      random_values(rng, kKeys, g.kv_dim_k(), kind == Scores::large_range ? -2 : -3,
+                    kind == Scores::large_range ? 3 : 1);
+  std::vector<float> v = kind == Scores::wide_values
+                             ? random_values(rng, kKeys, g.kv_dim_v(), -3, 20)
+                             : random_values(rng, kKeys, g.kv_dim_v());
   // Non-negative blocks with a zero in each keep q5_1's m (the minimum, 0) and d = max / 31
   // inside fp16 while d·q + m reaches 2^20.
   if (kind == Scores::wide_values) {
@@ -441,10 +434,10 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(DecodeEdge, EmptyViewIsAllZero) {
   KVLAYER_REQUIRE_GPU();
-  const Geometry g = flat_geometry(2, 128, 512);
+  const Geometry g = flat_geometry(2, 128, 128, 512);
   Rng rng(7);
   ref::KvLayer layer(g);
-  append_rows(layer, random_rows(rng, 100, g.kv_dim_k()), random_rows(rng, 100, g.kv_dim_v()));
+  append_rows(layer, random_values(rng, 100, g.kv_dim_k()), random_values(rng, 100, g.kv_dim_v()));
   DecodeBed bed(g, 4, plan_decode(2, 128, 4, 512, device_sm_count()));
   bed.upload_planes(layer);
   bed.upload_query(random_query(rng, 8, 128, 1.0f));
@@ -479,9 +472,10 @@ TEST(DecodeEdge, DeviceOverrunsWriteNothingAndRecord) {
   KVLAYER_REQUIRE_GPU();
   Rng rng(11);
   {  // Flat: a view longer than the grid was sized for, and len_d past max_ctx.
-    const Geometry g = flat_geometry(2, 64, 1024);
+    const Geometry g = flat_geometry(2, 64, 64, 1024);
     ref::KvLayer layer(g);
-    append_rows(layer, random_rows(rng, 1024, g.kv_dim_k()), random_rows(rng, 1024, g.kv_dim_v()));
+    append_rows(layer, random_values(rng, 1024, g.kv_dim_k()),
+                random_values(rng, 1024, g.kv_dim_v()));
     DecodeBed bed(g, 2, plan_decode(2, 64, 2, 256, device_sm_count()));
     bed.upload_planes(layer);
     bed.upload_query(random_query(rng, 4, 64, 1.0f));
@@ -504,7 +498,7 @@ TEST(DecodeEdge, DeviceOverrunsWriteNothingAndRecord) {
     EXPECT_EQ(bed.read_status().has_device_error, 0);
   }
   {  // Ring: views outside the resident rows.
-    Geometry g = flat_geometry(2, 128, 4000, 300);
+    Geometry g = flat_geometry(2, 128, 128, 4000, 300);
     g.storage = Storage::ring;
     g.max_append = 48;
     g.rewind_slack = 5;
@@ -520,7 +514,7 @@ TEST(DecodeEdge, DeviceOverrunsWriteNothingAndRecord) {
 
 TEST(DecodeEdge, HostModeRefusesBadViewsAndArguments) {
   KVLAYER_REQUIRE_GPU();
-  const Geometry g = flat_geometry(1, 256, 512);
+  const Geometry g = flat_geometry(1, 256, 256, 512);
   Rng rng(13);
   DecodeBed bed(g, 1, plan_decode(1, 256, 1, 200, device_sm_count()));
   bed.upload_query(random_query(rng, 1, 256, 1.0f));
@@ -543,10 +537,10 @@ TEST(DecodeEdge, HostModeRefusesBadViewsAndArguments) {
 TEST(DecodeEdge, CanonicalBadBlockGivesNaNOnlyWhereAttended) {
   KVLAYER_REQUIRE_GPU();
   constexpr int kKv = 2, kGqa = 4, kD = 128;
-  const Geometry g = flat_geometry(kKv, kD, 1000, 40);
+  const Geometry g = flat_geometry(kKv, kD, kD, 1000, 40);
   Rng rng(17);
-  std::vector<float> k = random_rows(rng, 200, g.kv_dim_k());
-  std::vector<float> v = random_rows(rng, 200, g.kv_dim_v());
+  std::vector<float> k = random_values(rng, 200, g.kv_dim_k());
+  std::vector<float> v = random_values(rng, 200, g.kv_dim_v());
   k[std::size_t(10 * g.kv_dim_k() + 1 * kD + 5)] = std::nanf("");  // row 10, KV head 1
   v[std::size_t(100 * g.kv_dim_v() + 0 * kD + 70)] = INFINITY;     // row 100, KV head 0
   ref::KvLayer layer(g);
@@ -590,10 +584,11 @@ TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
   using cuda::detail::DecodeKernel;
   constexpr int kKv = 1, kGqa = 2, kD = 128;
   constexpr std::int64_t kKeys = 20000;
-  const Geometry g = flat_geometry(kKv, kD, kKeys);
+  const Geometry g = flat_geometry(kKv, kD, kD, kKeys);
   Rng rng(29);
   ref::KvLayer full(g);
-  append_rows(full, random_rows(rng, kKeys, g.kv_dim_k()), random_rows(rng, kKeys, g.kv_dim_v()));
+  append_rows(full, random_values(rng, kKeys, g.kv_dim_k()),
+              random_values(rng, kKeys, g.kv_dim_v()));
   const std::vector<float> q = random_query(rng, kKv * kGqa, kD, 2.0f);
   const float scale = ref::default_scale(kD);
   for (const DecodeKernel kernel : {DecodeKernel::mma, DecodeKernel::cuda_core}) {
@@ -624,10 +619,11 @@ TEST(DecodeDeterminism, RepeatedAndReplayedLaunchesAreBitIdentical) {
   KVLAYER_REQUIRE_GPU();
   constexpr int kKv = 2, kGqa = 8, kD = 128;
   constexpr std::int64_t kKeys = 3000;
-  const Geometry g = flat_geometry(kKv, kD, kKeys);
+  const Geometry g = flat_geometry(kKv, kD, kD, kKeys);
   Rng rng(19);
   ref::KvLayer layer(g);
-  append_rows(layer, random_rows(rng, kKeys, g.kv_dim_k()), random_rows(rng, kKeys, g.kv_dim_v()));
+  append_rows(layer, random_values(rng, kKeys, g.kv_dim_k()),
+              random_values(rng, kKeys, g.kv_dim_v()));
   const std::vector<float> q = random_query(rng, kKv * kGqa, kD, 2.0f);
   const float scale = ref::default_scale(kD);
   DecodeBed bed(g, kGqa, plan_decode(kKv, kD, kGqa, kKeys, device_sm_count()));
@@ -672,4 +668,4 @@ TEST(DecodeDeterminism, RepeatedAndReplayedLaunchesAreBitIdentical) {
 }
 
 }  // namespace
-}  // namespace kvlayer::testing::decode
+}  // namespace kvlayer::testing

@@ -9,9 +9,8 @@
 #include "kvlayer/reference/accuracy.hpp"
 #include "testbed.hpp"
 
+namespace kvlayer::testing {
 namespace {
-
-using namespace kvtest;
 
 /// The oracle over a reference layer's own dequantized rows (host view: physical = t − base).
 std::vector<double> oracle_for(const KvLayer& l, const std::vector<float>& q, int heads,
@@ -32,7 +31,7 @@ TEST(Decode, OneKeyReturnsItsValueForEveryHead) {
   const Geometry g = flat_geometry(2, 32, 64, 4);
   KvLayer l(g);
   Rng rng(1);
-  l.append(random_rows(g, 1, rng).view());
+  l.append(random_rows(g, 1, rng).f32_view());
   const auto q = random_query(g, 6, rng);
   const auto out = l.decode(q, 6);
   const auto v = l.dequantized_row(Plane::v, 0);
@@ -50,7 +49,7 @@ TEST(Decode, TwoKeysWithEqualScoresGiveTheMean) {
   Rng rng(2);
   HostRows r = random_rows(g, 2, rng);
   std::copy(r.k.begin(), r.k.begin() + 32, r.k.begin() + 32);  // identical keys
-  l.append(r.view());
+  l.append(r.f32_view());
   const auto q = random_query(g, 1, rng);
   const auto out = l.decode(q, 1);
   const auto v0 = l.dequantized_row(Plane::v, 0), v1 = l.dequantized_row(Plane::v, 1);
@@ -60,7 +59,7 @@ TEST(Decode, TwoKeysWithEqualScoresGiveTheMean) {
   // The same with scale 0: every score is 0 whatever the keys.
   HostRows s = random_rows(g, 3, rng);
   KvLayer m(g);
-  m.append(s.view());
+  m.append(s.f32_view());
   const auto flat = m.decode(q, 1, 0.0f);
   for (int d = 0; d < 32; ++d) {
     double mean = 0;
@@ -79,7 +78,7 @@ TEST(Decode, EmptyViewGivesZeros) {
   ASSERT_TRUE(dc);
   EXPECT_EQ(*dc, std::vector<double>(2 * 32, 0.0));
   // After a rewind to 0 the stale rows are not attended either.
-  l.append(random_rows(g, 3, rng).view());
+  l.append(random_rows(g, 3, rng).f32_view());
   l.rewind(0);
   EXPECT_EQ(l.decode(q, 2), std::vector<double>(2 * 32, 0.0));
   const Geometry w = ring_geometry(1, 32, 32, 100, 5, 1, 0);
@@ -102,7 +101,7 @@ TEST(Decode, GqaMapsConsecutiveQueryHeadsToOneKvHead) {
     for (int h = 0; h < 3; ++h)
       for (int d = 0; d < 32; ++d)
         r.v[std::size_t(t * 96 + h * 32 + d)] = float(10 * h) + rng.uniform(-1.0f, 1.0f);
-  l.append(r.view());
+  l.append(r.f32_view());
   const auto q = random_query(g, 12, rng);
   const auto out = l.decode(q, 12);
   EXPECT_EQ(compare_outputs(oracle_for(l, q, 12, default_scale(g)), out), "");
@@ -115,7 +114,7 @@ TEST(Decode, GqaMapsConsecutiveQueryHeadsToOneKvHead) {
       s.v.insert(s.v.end(), r.v.begin() + t * 96 + kvh * 32, r.v.begin() + t * 96 + kvh * 32 + 32);
     }
     KvLayer single(one);
-    single.append(s.view());
+    single.append(s.f32_view());
     for (int j = 0; j < 4; ++j) {
       const int h = kvh * 4 + j;
       const std::vector<float> qh(q.begin() + h * 32, q.begin() + h * 32 + 32);
@@ -132,7 +131,7 @@ TEST(Decode, WindowedFlatViewAttendsOnlyTheLastWindowKeys) {
   const Geometry g = flat_geometry(2, 32, 32, 40, 3);
   KvLayer l(g);
   Rng rng(5);
-  l.append(random_rows(g, 5, rng).view());
+  l.append(random_rows(g, 5, rng).f32_view());
   const auto q = random_query(g, 4, rng);
   const auto out = l.decode(q, 4);
   const auto want = oracle_decode(g, q, 4, default_scale(g), 2, 5,
@@ -159,7 +158,7 @@ TEST(Decode, RingViewsAcrossRebasesMatchTheOracleOverTheWrittenValues) {
     int checked = 0;
     while (l.len() < 400) {
       const HostRows r = random_rows(g, rng.range(1, 3), rng);
-      l.append(r.view());
+      l.append(r.f32_view());
       m.append(r);
       const auto q = random_query(g, 4, rng);
       const auto [b, e] = m.view();
@@ -179,7 +178,7 @@ TEST(Decode, ScaleOverrideAndDefault) {
   const Geometry g = flat_geometry(1, 96, 32, 10);  // 1/sqrt(96) is not exact in f32
   KvLayer l(g);
   Rng rng(6);
-  l.append(random_rows(g, 10, rng).view());
+  l.append(random_rows(g, 10, rng).f32_view());
   const auto q = random_query(g, 2, rng);
   for (float scale : {0.01f, 0.5f, 2.5f, -1.0f})
     EXPECT_EQ(compare_outputs(oracle_for(l, q, 2, scale), l.decode(q, 2, scale)), "") << scale;
@@ -196,7 +195,7 @@ TEST(Decode, LargeScoresDoNotOverflow) {
   Rng rng(7);
   HostRows r = random_rows(g, 8, rng);
   for (float& x : r.k) x *= 100.0f;
-  l.append(r.view());
+  l.append(r.f32_view());
   const auto q = random_query(g, 1, rng);
   const auto out = l.decode(q, 1, 1000.0f);
   for (double x : out) EXPECT_TRUE(std::isfinite(x));
@@ -214,7 +213,7 @@ TEST(DecodeTolerance, FiniteWhenScoresAreUnboundedAndExactWhereAVColumnIsZero) {
   for (float& x : r.k) x *= 50.0f;
   for (std::int64_t t = 0; t < 16; ++t)
     for (int j = 0; j < 32; ++j) r.v[std::size_t(t * 64 + j)] = 0.0f;
-  l.append(r.view());
+  l.append(r.f32_view());
   ASSERT_TRUE(l.status().ok()) << l.status().message();
   auto q = random_query(g, 2, rng);
   for (float& x : q) x *= 1000.0f;
@@ -240,7 +239,7 @@ TEST(DecodeTolerance, AdmitsAnyMixtureWhenTiedScoresAreBeyondResolution) {
   HostRows r = random_rows(g, 8, rng);
   for (std::int64_t t = 0; t < 8; ++t)
     for (int d = 0; d < 64; ++d) r.k[std::size_t(t * 64 + d)] = 3.0e4f;
-  l.append(r.view());
+  l.append(r.f32_view());
   std::vector<float> q(64, 100.0f);
   const auto b = kvlayer::ref::decode_bound(l, q, 1, 1.0f, {0, 8, 0}, {8, 1, -1});
   for (std::size_t i = 0; i < 64; ++i) EXPECT_GE(b.bound[i], 0.5 * b.max_abs_v[i]) << i;
@@ -256,7 +255,7 @@ TEST(DecodeTolerance, StaysSharpWhenScoresAreWideButWellSeparated) {
   HostRows r = random_rows(g, 32, rng);
   for (std::int64_t t = 0; t < 32; ++t)
     for (int d = 0; d < 64; ++d) r.k[std::size_t(t * 64 + d)] = float(100 + 10 * t);
-  l.append(r.view());
+  l.append(r.f32_view());
   std::vector<float> q(64, 8.0f);
   const auto b = kvlayer::ref::decode_bound(l, q, 1, 1.0f, {0, 32, 0}, {32, 1, -1});
   for (std::size_t i = 0; i < 64; ++i) {
@@ -269,7 +268,7 @@ TEST(Decode, HostAndDeviceCounterDecodesAgreeWhenTheCountersAgree) {
   const Geometry g = flat_geometry(2, 32, 64, 20);
   KvLayer l(g);
   Rng rng(8);
-  l.append(random_rows(g, 11, rng).view());
+  l.append(random_rows(g, 11, rng).f32_view());
   const auto q = random_query(g, 4, rng);
   const auto dc = l.decode_dc(q, 4);
   ASSERT_TRUE(dc);
@@ -277,3 +276,4 @@ TEST(Decode, HostAndDeviceCounterDecodesAgreeWhenTheCountersAgree) {
 }
 
 }  // namespace
+}  // namespace kvlayer::testing

@@ -209,10 +209,10 @@ TEST(CudaVerify, CapturedDraftVerifyStepReplays) {
     for (int step = 0; step < 20; ++step) {
       // New draft values and queries in the buffers the graph reads.
       draft = make_rows(g, T, DType::f32, Fill::random, rng);
-      KVLAYER_CUDA_TRY(cudaMemcpy(const_cast<void*>(d.view.k), draft.k.data(), draft.k.size(),
-                                  cudaMemcpyHostToDevice));
-      KVLAYER_CUDA_TRY(cudaMemcpy(const_cast<void*>(d.view.v), draft.v.data(), draft.v.size(),
-                                  cudaMemcpyHostToDevice));
+      KVLAYER_CUDA_TRY(cudaMemcpy(const_cast<void*>(d.view.k), draft.k_bytes.data(),
+                                  draft.k_bytes.size(), cudaMemcpyHostToDevice));
+      KVLAYER_CUDA_TRY(cudaMemcpy(const_cast<void*>(d.view.v), draft.v_bytes.data(),
+                                  draft.v_bytes.size(), cudaMemcpyHostToDevice));
       q.upload(random_queries(T, nq, g.head_dim_k, rng));
       out.poison(stream.get());
       gpu.reserve(T);

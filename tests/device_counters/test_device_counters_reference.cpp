@@ -9,11 +9,8 @@
 
 #include "testbed.hpp"
 
+namespace kvlayer::testing {
 namespace {
-
-using namespace kvtest;
-using kvlayer::DeviceError;
-using kvlayer::DeviceErrorKind;
 
 /// One row of random data for the device-counter appends.
 HostRows one_row(const Geometry& g, Rng& rng) {
@@ -26,10 +23,10 @@ TEST(DeviceCounters, AppendDcWritesAtLenDAndLeavesLenDAlone) {
   Shadow m(g);
   Rng rng(1);
   const HostRows host = random_rows(g, 3, rng);
-  l.append(host.view());
+  l.append(host.f32_view());
   m.append(host);
   const HostRows r = one_row(g, rng);
-  l.append_dc(r.view());
+  l.append_dc(r.f32_view());
   m.append_device(r, false);
   EXPECT_EQ(l.len_d(), 3);  // the append does not move len_d ...
   EXPECT_EQ(l.len(), 3);
@@ -64,11 +61,11 @@ TEST(DeviceCounters, AppendDcPastMaxCtxWritesNothingAndRecordsTheError) {
   const Geometry g = flat_geometry(1, 32, 64, 5);
   KvLayer l(g);
   Rng rng(2);
-  l.append(random_rows(g, 5, rng).view());
+  l.append(random_rows(g, 5, rng).f32_view());
   const Snapshot before = snapshot(l);
-  l.append_dc(one_row(g, rng).view());
-  EXPECT_EQ(l.k_plane(), before.k);
-  EXPECT_EQ(l.v_plane(), before.v);
+  l.append_dc(one_row(g, rng).f32_view());
+  EXPECT_EQ(l.k_plane(), before.k_plane);
+  EXPECT_EQ(l.v_plane(), before.v_plane);
   EXPECT_EQ(l.len_d(), 5);
   ASSERT_TRUE(l.status().device_error);
   EXPECT_EQ(*l.status().device_error, (DeviceError{DeviceErrorKind::append_past_max_ctx, 5, 0, 5}));
@@ -84,20 +81,20 @@ TEST(DeviceCounters, DeviceLenAloneCanReachMaxCtx) {
   KvLayer l(g);
   Rng rng(3);
   for (int i = 0; i < 4; ++i) l.inc_seqlen();
-  l.append_dcw(one_row(g, rng).view());  // flat: base_d 0, so rows == max_ctx
+  l.append_dcw(one_row(g, rng).f32_view());  // flat: base_d 0, so rows == max_ctx
   EXPECT_EQ(*l.status().device_error, (DeviceError{DeviceErrorKind::append_past_max_ctx, 4, 0, 4}));
-  EXPECT_EQ(snapshot(KvLayer(g)).k, l.k_plane());  // nothing written anywhere
+  EXPECT_EQ(snapshot(KvLayer(g)).k_plane, l.k_plane());  // nothing written anywhere
 }
 
 TEST(DeviceCounters, AppendDcwOutsideTheRingRows) {
   const Geometry g = ring_geometry(1, 32, 32, 1000, 61, 5, 3);  // rows 100
   KvLayer l(g);
   Rng rng(4);
-  l.append(random_rows(g, 100, rng).view());
+  l.append(random_rows(g, 100, rng).f32_view());
   const Snapshot before = snapshot(l);
-  l.append_dcw(one_row(g, rng).view());
-  EXPECT_EQ(l.k_plane(), before.k);
-  EXPECT_EQ(l.v_plane(), before.v);
+  l.append_dcw(one_row(g, rng).f32_view());
+  EXPECT_EQ(l.k_plane(), before.k_plane);
+  EXPECT_EQ(l.v_plane(), before.v_plane);
   const DeviceError want{DeviceErrorKind::append_outside_rows, 100, 0, 100};
   EXPECT_EQ(l.status().device_error, want);
   EXPECT_EQ(kvlayer::describe(want),
@@ -121,15 +118,15 @@ TEST(DeviceCounters, TheFirstAppendErrorSticksOverLaterOnes) {
   const Geometry g = ring_geometry(1, 32, 32, 110, 61, 5, 3);  // rows 100
   KvLayer l(g);
   Rng rng(13);
-  l.append(random_rows(g, 100, rng).view());
-  l.append_dcw(one_row(g, rng).view());  // physical row 100: outside the rows
+  l.append(random_rows(g, 100, rng).f32_view());
+  l.append_dcw(one_row(g, rng).f32_view());  // physical row 100: outside the rows
   const DeviceError first{DeviceErrorKind::append_outside_rows, 100, 0, 100};
   EXPECT_EQ(l.status().device_error, first);
   for (int i = 0; i < 10; ++i) l.inc_seqlen();
-  l.append_dcw(one_row(g, rng).view());  // len_d 110 == max_ctx
+  l.append_dcw(one_row(g, rng).f32_view());  // len_d 110 == max_ctx
   EXPECT_EQ(l.status().device_error, first);
   l.clear_status();
-  l.append_dcw(one_row(g, rng).view());
+  l.append_dcw(one_row(g, rng).f32_view());
   EXPECT_EQ(l.status().device_error,
             (DeviceError{DeviceErrorKind::append_past_max_ctx, 110, 0, 110}));
 }
@@ -141,7 +138,7 @@ TEST(DeviceCounters, BothLimitsExceededReportsMaxCtx) {
   KvLayer l(g);
   Rng rng(6);
   for (int i = 0; i < 20; ++i) l.inc_seqlen();
-  l.append_dcw(one_row(g, rng).view());
+  l.append_dcw(one_row(g, rng).f32_view());
   EXPECT_EQ(l.status().device_error,
             (DeviceError{DeviceErrorKind::append_past_max_ctx, 20, 0, 20}));
 }
@@ -153,12 +150,12 @@ TEST(DeviceCounters, AppendDcwPastMaxCtxOnARingWithABase) {
   Rng rng(7);
   for (int i = 0; i < 120; ++i) {
     const HostRows r = one_row(g, rng);
-    l.append(r.view());
+    l.append(r.f32_view());
     m.append(r);
   }
   ASSERT_EQ(l.base(), 32);
   const HostRows r = one_row(g, rng);
-  l.append_dcw(r.view());
+  l.append_dcw(r.f32_view());
   m.append_device(r, true);
   EXPECT_EQ(l.status().device_error,
             (DeviceError{DeviceErrorKind::append_past_max_ctx, 120, 32, 120}));
@@ -169,7 +166,7 @@ TEST(DeviceCounters, DecodeDcViewLongerThanMaxCtx) {
   const Geometry g = flat_geometry(2, 32, 32, 8);
   KvLayer l(g);
   Rng rng(8);
-  l.append(random_rows(g, 8, rng).view());
+  l.append(random_rows(g, 8, rng).f32_view());
   const auto q = random_query(g, 4, rng);
   const auto at_limit = l.decode_dc(q, 4);  // len_d == max_ctx: fine
   ASSERT_TRUE(at_limit);
@@ -182,14 +179,14 @@ TEST(DeviceCounters, DecodeDcViewLongerThanMaxCtx) {
   EXPECT_EQ(l.status().message(),
             "device error: device-counter decode at len_d 9, base_d 0: the view exceeds its "
             "limit of 8 keys or resident rows; nothing was written");
-  EXPECT_EQ(l.k_plane(), before.k);
+  EXPECT_EQ(l.k_plane(), before.k_plane);
 }
 
 TEST(DeviceCounters, DecodeDcwBelowTheBaseAfterARewindToTheLimit) {
   const Geometry g = ring_geometry(1, 32, 32, 1000, 61, 5, 3);
   KvLayer l(g);
   Rng rng(9);
-  for (int i = 0; i < 101; ++i) l.append(one_row(g, rng).view());
+  for (int i = 0; i < 101; ++i) l.append(one_row(g, rng).f32_view());
   ASSERT_EQ(l.base(), 32);
   l.rewind(92);  // legal; the view [31, 92) starts one row below base until the next append
   const auto q = random_query(g, 1, rng);
@@ -198,7 +195,7 @@ TEST(DeviceCounters, DecodeDcwBelowTheBaseAfterARewindToTheLimit) {
             (DeviceError{DeviceErrorKind::decode_view_too_long, 92, 32, 100}));
   l.clear_status();
   // The device-counter step: append at the slot, inc, decode: resident again.
-  l.append_dcw(one_row(g, rng).view());
+  l.append_dcw(one_row(g, rng).f32_view());
   l.inc_seqlen();
   const auto out = l.decode_dcw(q, 1);
   ASSERT_TRUE(out);
@@ -225,9 +222,9 @@ TEST(DeviceCounters, DeviceStepChainsMatchTheOracleAtEveryStep) {
       for (int s = 0; s < 4; ++s, ++steps) {
         const HostRows r = one_row(g, rng);
         if (ring) {
-          l.append_dcw(r.view());
+          l.append_dcw(r.f32_view());
         } else {
-          l.append_dc(r.view());
+          l.append_dc(r.f32_view());
         }
         m.append_device(r, ring);
         l.inc_seqlen();
@@ -260,13 +257,13 @@ TEST(DataErrors, TheLowestRowPlaneBlockIsKeptWithItsExactMessage) {
   Shadow m(g);
   Rng rng(11);
   HostRows good = random_rows(g, 5, rng);
-  l.append(good.view());
+  l.append(good.f32_view());
   m.append(good);
   HostRows bad = random_rows(g, 3, rng);                     // logical rows 5, 6, 7
   bad.k[std::size_t(2 * g.kv_dim_k() + 40)] = NAN;           // row 7, K block 1
   bad.v[std::size_t(1 * g.kv_dim_v() + 33)] = INFINITY;      // row 6, V block 1
   bad.k[std::size_t(1 * g.kv_dim_k() + 3 * 32 + 4)] = 1e9f;  // row 6, K block 3: d overflows
-  l.append(bad.view());
+  l.append(bad.f32_view());
   m.append(bad);
   EXPECT_EQ(state_diff(m, l), "");  // canonical bad blocks where the model put them
   ASSERT_TRUE(l.status().data_error);
@@ -287,7 +284,7 @@ TEST(DataErrors, TheLowestRowPlaneBlockIsKeptWithItsExactMessage) {
   // Appends after it proceed; a later bad row does not replace the record.
   HostRows later = random_rows(g, 1, rng);
   later.v[0] = -NAN;
-  l.append(later.view());
+  l.append(later.f32_view());
   m.append(later);
   EXPECT_EQ(l.status().data_error->row, 6);
   EXPECT_EQ(l.len(), 9);
@@ -297,7 +294,7 @@ TEST(DataErrors, TheLowestRowPlaneBlockIsKeptWithItsExactMessage) {
   m.rewind(2);
   HostRows low = random_rows(g, 1, rng);
   low.v[5] = NAN;  // row 2, V block 0
-  l.append(low.view());
+  l.append(low.f32_view());
   m.append(low);
   EXPECT_EQ(state_diff(m, l), "");
   const kvlayer::DataError e2 = *l.status().data_error;
@@ -326,13 +323,13 @@ TEST(DataErrors, DeviceCounterAppendsReportTheDeviceRow) {
   Shadow m(g);
   Rng rng(12);
   const HostRows first = random_rows(g, 100, rng);
-  l.append(first.view());
+  l.append(first.f32_view());
   m.append(first);
   l.reserve(2);
   m.reserve(2);
   HostRows r = one_row(g, rng);
   r.k[17] = -INFINITY;
-  l.append_dcw(r.view());
+  l.append_dcw(r.f32_view());
   m.append_device(r, true);
   EXPECT_EQ(state_diff(m, l), "");
   ASSERT_TRUE(l.status().data_error);
@@ -341,7 +338,7 @@ TEST(DataErrors, DeviceCounterAppendsReportTheDeviceRow) {
   EXPECT_EQ(l.status().data_error->value, -INFINITY);
   // Data and device errors are reported together, data first.
   for (int i = 0; i < 40; ++i) l.inc_seqlen();
-  l.append_dcw(one_row(g, rng).view());
+  l.append_dcw(one_row(g, rng).f32_view());
   EXPECT_EQ(l.status().message(),
             "data error: row 100, plane K, block 0: value -inf cannot be represented (non-finite, "
             "or its fp16 scale or minimum overflows); the block was written as the canonical bad "
@@ -351,3 +348,4 @@ TEST(DataErrors, DeviceCounterAppendsReportTheDeviceRow) {
 }
 
 }  // namespace
+}  // namespace kvlayer::testing

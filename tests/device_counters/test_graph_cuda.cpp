@@ -101,10 +101,10 @@ void run_case(const GraphCase& c) {
       const HostRows rows = make_rows(g, 1, c.dtype, Fill::random, rng);
       std::vector<float> hq(qn);
       for (float& x : hq) x = rng.uniform(-2, 2);
-      KVLAYER_CUDA_TRY(
-          cudaMemcpyAsync(k_in.get(), rows.k.data(), rows.k.size(), cudaMemcpyHostToDevice, s));
-      KVLAYER_CUDA_TRY(
-          cudaMemcpyAsync(v_in.get(), rows.v.data(), rows.v.size(), cudaMemcpyHostToDevice, s));
+      KVLAYER_CUDA_TRY(cudaMemcpyAsync(k_in.get(), rows.k_bytes.data(), rows.k_bytes.size(),
+                                       cudaMemcpyHostToDevice, s));
+      KVLAYER_CUDA_TRY(cudaMemcpyAsync(v_in.get(), rows.v_bytes.data(), rows.v_bytes.size(),
+                                       cudaMemcpyHostToDevice, s));
       KVLAYER_CUDA_TRY(cudaMemcpyAsync(q_in.get(), hq.data(), qn * 4, cudaMemcpyHostToDevice, s));
       out_replayed.poison(s);
       out_eager.poison(s);

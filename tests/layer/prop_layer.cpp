@@ -1,5 +1,5 @@
 // State-machine properties of the reference KvLayer (SPEC §5–7, §9, §10.4–5), with rapidcheck:
-// the system is ref::KvLayer, the model is kvtest::Shadow (testbed.hpp), an independent
+// the system is ref::KvLayer, the model is kvlayer::testing::Shadow (testbed.hpp), an independent
 // re-derivation of SPEC.md. Random geometries (flat, windowed flat, ring; odd windows; tiny
 // capacities) and random command sequences: appends in every dtype (some with NaN), rewinds
 // (shallow and to the very limit), reserves, device-counter chains with and without reserve()
@@ -25,9 +25,9 @@
 
 #include "testbed.hpp"
 
+namespace kvlayer::testing {
 namespace {
 
-using namespace kvtest;
 using std::int64_t;
 using std::to_string;
 
@@ -152,9 +152,9 @@ struct Append : Cmd {
     apply(next);
     const HostRows r = rows(m);
     if (dtype == DType::f32) {
-      sut.append(r.view());
+      sut.append(r.f32_view());
     } else {
-      sut.append(to16(r, dtype).view());
+      sut.append(with_dtype(r, dtype).view());
     }
     verify(next, sut, m.s.base());
   }
@@ -222,7 +222,7 @@ struct Rewind : Cmd {
       Model host = next;
       KvLayer l = sut;
       RC_ASSERT(host.s.plan(1).fits);
-      l.append(r.view());
+      l.append(r.f32_view());
       host.s.append(r);
       RC_ASSERT(host.s.can_decode());
       const auto v = l.view();
@@ -238,9 +238,9 @@ struct Rewind : Cmd {
       dev.s.reserve(1);
       const bool win = dev.s.geometry().window.has_value();
       if (win) {
-        l.append_dcw(r.view());
+        l.append_dcw(r.f32_view());
       } else {
-        l.append_dc(r.view());
+        l.append_dc(r.f32_view());
       }
       dev.s.append_device(r, win);
       l.inc_seqlen();
@@ -314,9 +314,9 @@ struct DeviceChain : Cmd {
       const auto view = m.s.device_view(win);
       if (!sut) continue;
       if (dcw(m)) {
-        sut->append_dcw(r.view());
+        sut->append_dcw(r.f32_view());
       } else {
-        sut->append_dc(r.view());
+        sut->append_dc(r.f32_view());
       }
       sut->inc_seqlen();
       const auto q = random_q(m, seed ^ std::uint64_t(i + 1));
@@ -442,7 +442,7 @@ struct Illegal : Cmd {
       case 1: {
         const int64_t n = ctx - len + 1 + extra;
         auto r = rows_n(n);
-        return R{[r](KvLayer& l) { l.append(r->view()); },
+        return R{[r](KvLayer& l) { l.append(r->f32_view()); },
                  "append: len " + to_string(len) + " + n " + to_string(n) + " exceeds max_ctx " +
                      to_string(ctx)};
       }
@@ -457,7 +457,7 @@ struct Illegal : Cmd {
         auto r = rows_n(n);
         return R{[r, n, is_append = kind == 2](KvLayer& l) {
                    if (is_append)
-                     l.append(r->view());
+                     l.append(r->f32_view());
                    else
                      l.reserve(n);
                  },
@@ -498,9 +498,9 @@ struct Illegal : Cmd {
         const std::string op = which == 2 ? "append_dcw" : "append_dc";
         return R{[r, op](KvLayer& l) {
                    if (op == "append_dc")
-                     l.append_dc(r->view());
+                     l.append_dc(r->f32_view());
                    else
-                     l.append_dcw(r->view());
+                     l.append_dcw(r->f32_view());
                  },
                  op + ": n 2 must be 1"};
       }
@@ -661,3 +661,5 @@ RC_GTEST_PROP(LayerProps, SequencesMatchTheModelAndKeepTheRingInvariants, ()) {
 RC_GTEST_PROP(LayerProps, RefusedRequestsLeaveTheStateUnchanged, ()) {
   run_machine(*gen_case(), true);
 }
+
+}  // namespace kvlayer::testing

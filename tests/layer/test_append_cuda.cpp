@@ -27,8 +27,8 @@ cuda::RowsView row_of(const DeviceRows& rows, const Geometry& g, std::int64_t i)
 
 ref::RowsView host_row_of(const HostRows& rows, const Geometry& g, std::int64_t i) {
   const std::size_t es = dtype_size(rows.dtype);
-  return ref::RowsView{rows.k.data() + i * g.kv_dim_k() * es, rows.v.data() + i * g.kv_dim_v() * es,
-                       1, rows.dtype};
+  return ref::RowsView{rows.k_bytes.data() + i * g.kv_dim_k() * es,
+                       rows.v_bytes.data() + i * g.kv_dim_v() * es, 1, rows.dtype};
 }
 
 std::string context(const Geometry& g, DType t, Fill f) {
@@ -159,11 +159,7 @@ TEST(CudaAppend, EachAdversarialPatternEqualsReference) {
           adversarial_block(p, rng, k.data() + 32 * b);
         for (std::size_t b = 0; b < v.size() / 32; ++b)
           adversarial_block(p, rng, v.data() + 32 * b);
-        HostRows rows;
-        rows.n = 1;
-        rows.dtype = t;
-        encode(k, t, rows.k);
-        encode(v, t, rows.v);
+        const HostRows rows = encode_rows(k, v, 1, t);
         const DeviceRows drows(rows);
         gpu.append(drows.view);
         ref.append(rows.view());
@@ -192,11 +188,7 @@ TEST(CudaAppend, DataErrorsAreReportedLikeTheReference) {
     v[std::size_t(3 * g.kv_dim_v() + 0 * 32 + 31)] = -INFINITY;  // row 3, V block 0
     v[std::size_t(3 * g.kv_dim_v() + 3 * 32 + 1)] = nan;         // row 3, V block 3
     k[std::size_t(5 * g.kv_dim_k() + 1 * 32 + 7)] = 1e12f;       // row 5, K block 1 (scale)
-    HostRows rows;
-    rows.n = 6;
-    rows.dtype = t;
-    encode(k, t, rows.k);
-    encode(v, t, rows.v);
+    const HostRows rows = encode_rows(k, v, 6, t);
     const DeviceRows drows(rows);
     gpu.append(drows.view);
     ref.append(rows.view());
@@ -217,11 +209,7 @@ TEST(CudaAppend, DataErrorsAreReportedLikeTheReference) {
     fill_values(k1, Fill::random, rng);
     fill_values(v1, Fill::random, rng);
     k1[3 * 32] = std::bit_cast<float>(0xFF812345u);  // negative NaN with payload, K block 3
-    HostRows one;
-    one.n = 1;
-    one.dtype = t;
-    encode(k1, t, one.k);
-    encode(v1, t, one.v);
+    const HostRows one = encode_rows(k1, v1, 1, t);
     const DeviceRows done(one);
     gpu.append(done.view);
     ref.append(one.view());

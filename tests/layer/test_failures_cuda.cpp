@@ -305,7 +305,7 @@ void flat_setup(cuda::KvLayer& gpu, ref::KvLayer& ref) {
   append_both(gpu, ref, 61, rng);
   HostRows bad = make_rows(ref.geometry(), 1, DType::f32, Fill::random, rng);
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::memcpy(bad.k.data() + 4 * 40, &nan, 4);
+  std::memcpy(bad.k_bytes.data() + 4 * 40, &nan, 4);
   const DeviceRows d(bad);
   gpu.append(d.view);
   ref.append(bad.view());

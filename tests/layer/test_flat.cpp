@@ -7,9 +7,8 @@
 
 #include "testbed.hpp"
 
+namespace kvlayer::testing {
 namespace {
-
-using namespace kvtest;
 
 /// Flat bed: a reference layer, the model, and a seeded generator.
 struct FlatBed {
@@ -23,7 +22,7 @@ struct FlatBed {
   /// Appends n fresh random rows to both and returns them.
   HostRows append(std::int64_t n, Values kind = Values::varied) {
     HostRows r = random_rows(g, n, rng, kind);
-    layer.append(r.view());
+    layer.append(r.f32_view());
     model.append(r);
     return r;
   }
@@ -53,7 +52,7 @@ TEST(Flat, AppendsInOddBatchesFillTheCapacityExactly) {
   }
   ASSERT_EQ(len, 61);  // exactly max_ctx: full
   expect_refused_unchanged(
-      b.layer, [&] { b.layer.append(random_rows(b.g, 1, b.rng).view()); },
+      b.layer, [&] { b.layer.append(random_rows(b.g, 1, b.rng).f32_view()); },
       "append: len 61 + n 1 exceeds max_ctx 61");
 }
 
@@ -88,19 +87,21 @@ TEST(Flat, RewindMovesOnlyTheCountersAndStaleRowsStayUntilOverwritten) {
   b.model.rewind(4);
   EXPECT_EQ(b.layer.len(), 4);
   EXPECT_EQ(b.layer.len_d(), 4);
-  EXPECT_EQ(b.layer.k_plane(), before.k);  // bytes untouched
-  EXPECT_EQ(b.layer.v_plane(), before.v);
+  EXPECT_EQ(b.layer.k_plane(), before.k_plane);  // bytes untouched
+  EXPECT_EQ(b.layer.v_plane(), before.v_plane);
   b.layer.rewind(4);  // to the current len: legal, a no-op
   b.model.rewind(4);
   b.append(2);  // overwrites rows 4, 5 only
   EXPECT_EQ(b.diff(), "");
   const auto tb = b.g.k_tok_bytes();
-  EXPECT_NE(std::vector<std::uint8_t>(b.layer.k_plane().begin() + 4 * tb,
-                                      b.layer.k_plane().begin() + 6 * tb),
-            std::vector<std::uint8_t>(before.k.begin() + 4 * tb, before.k.begin() + 6 * tb));
-  EXPECT_EQ(std::vector<std::uint8_t>(b.layer.k_plane().begin() + 6 * tb,
-                                      b.layer.k_plane().begin() + 9 * tb),
-            std::vector<std::uint8_t>(before.k.begin() + 6 * tb, before.k.begin() + 9 * tb));
+  EXPECT_NE(
+      std::vector<std::uint8_t>(b.layer.k_plane().begin() + 4 * tb,
+                                b.layer.k_plane().begin() + 6 * tb),
+      std::vector<std::uint8_t>(before.k_plane.begin() + 4 * tb, before.k_plane.begin() + 6 * tb));
+  EXPECT_EQ(
+      std::vector<std::uint8_t>(b.layer.k_plane().begin() + 6 * tb,
+                                b.layer.k_plane().begin() + 9 * tb),
+      std::vector<std::uint8_t>(before.k_plane.begin() + 6 * tb, before.k_plane.begin() + 9 * tb));
   b.layer.rewind(0);
   b.model.rewind(0);
   EXPECT_EQ(b.diff(), "");
@@ -143,9 +144,9 @@ const char* name(Variant v) {
 
 /// Views of row i (or all rows) of f32 or 16-bit data.
 struct AnyRows {
-  const HostRows* f32 = nullptr;
-  const HostRows16* h16 = nullptr;
-  kvlayer::ref::RowsView all() const { return f32 ? f32->view() : h16->view(); }
+  const HostRows* f32 = nullptr;  ///< appended as f32 values
+  const HostRows* h16 = nullptr;  ///< appended as its 16-bit encoding
+  kvlayer::ref::RowsView all() const { return f32 ? f32->f32_view() : h16->view(); }
   kvlayer::ref::RowsView one(const Geometry& g, std::int64_t i) const {
     const std::size_t es = f32 ? 4 : 2;
     auto v = all();
@@ -195,7 +196,7 @@ TEST_P(AppendVariants, ProduceIdenticalBytesForTheSameValues) {
   for (const Geometry& g : {flat_geometry(2, 64, 32, 9), flat_geometry(1, 32, 96, 7, 3)}) {
     Rng rng(0xA11 + int(dtype));
     const HostRows rows = random_rows(g, 7, rng, Values::exact16);
-    const HostRows16 rows16 = to16(rows, dtype == DType::f32 ? DType::f16 : dtype);
+    const HostRows rows16 = with_dtype(rows, dtype == DType::f32 ? DType::f16 : dtype);
     const AnyRows any = dtype == DType::f32 ? AnyRows{&rows, nullptr} : AnyRows{nullptr, &rows16};
     // The model writes the f32 values: f16/bf16 inputs are exact conversions of them.
     Shadow model(g);
@@ -235,8 +236,8 @@ TEST(Flat, DtypesAreConvertedExactlyBeforeQuantizing) {
   Rng rng(0xD7);
   const HostRows rows = random_rows(g, 4, rng, Values::exact16);
   KvLayer a(g), b(g), c(g);
-  a.append(rows.view());
-  const auto h = to16(rows, DType::f16), bf = to16(rows, DType::bf16);
+  a.append(rows.f32_view());
+  const HostRows h = with_dtype(rows, DType::f16), bf = with_dtype(rows, DType::bf16);
   b.append(h.view());
   c.append(bf.view());
   EXPECT_EQ(a.k_plane(), b.k_plane());
@@ -245,10 +246,13 @@ TEST(Flat, DtypesAreConvertedExactlyBeforeQuantizing) {
   EXPECT_EQ(a.v_plane(), c.v_plane());
   // And the element converter itself.
   for (std::int64_t i = 0; i < 32; ++i) {
-    EXPECT_EQ(kvlayer::ref::element_to_f32(h.k.data(), DType::f16, i), rows.k[std::size_t(i)]);
-    EXPECT_EQ(kvlayer::ref::element_to_f32(bf.k.data(), DType::bf16, i), rows.k[std::size_t(i)]);
+    EXPECT_EQ(kvlayer::ref::element_to_f32(h.k_bytes.data(), DType::f16, i),
+              rows.k[std::size_t(i)]);
+    EXPECT_EQ(kvlayer::ref::element_to_f32(bf.k_bytes.data(), DType::bf16, i),
+              rows.k[std::size_t(i)]);
     EXPECT_EQ(kvlayer::ref::element_to_f32(rows.k.data(), DType::f32, i), rows.k[std::size_t(i)]);
   }
 }
 
 }  // namespace
+}  // namespace kvlayer::testing

@@ -125,7 +125,7 @@ TEST(CudaRefusals, RefusedRequestsLeaveTheStateUntouched) {
           gpu.append({nullptr, d.view.v, 1, DType::f32});
         },
         [&] {
-          ref.append({nullptr, rows.v.data(), 1, DType::f32});
+          ref.append({nullptr, rows.v_bytes.data(), 1, DType::f32});
         },
         "append null k");
     expect_refused(
@@ -134,7 +134,7 @@ TEST(CudaRefusals, RefusedRequestsLeaveTheStateUntouched) {
           gpu.append({d.view.k, nullptr, 1, DType::f32});
         },
         [&] {
-          ref.append({rows.k.data(), nullptr, 1, DType::f32});
+          ref.append({rows.k_bytes.data(), nullptr, 1, DType::f32});
         },
         "append null v");
     expect_refused(
@@ -299,8 +299,8 @@ TEST(CudaRefusals, DeviceCounterAppendOverrunsWriteNothing) {
     ref.append_dc(one.view());
     ASSERT_TRUE(same_state(gpu, ref));
     const Snapshot after = snapshot(gpu);
-    EXPECT_EQ(after.k, before.k);
-    EXPECT_EQ(after.v, before.v);
+    EXPECT_EQ(after.k_plane, before.k_plane);
+    EXPECT_EQ(after.v_plane, before.v_plane);
     ASSERT_TRUE(after.status.device_error.has_value());
     EXPECT_EQ(*after.status.device_error,
               (DeviceError{DeviceErrorKind::append_past_max_ctx, 5, 0, 5}));
@@ -345,8 +345,8 @@ TEST(CudaRefusals, DeviceCounterAppendOverrunsWriteNothing) {
       ref.inc_seqlen();
       ASSERT_TRUE(same_state(gpu, ref)) << "step " << i;
       if (i == room) {  // the overrun: nothing written
-        EXPECT_EQ(snapshot(gpu).k, before.k);
-        EXPECT_EQ(snapshot(gpu).v, before.v);
+        EXPECT_EQ(snapshot(gpu).k_plane, before.k_plane);
+        EXPECT_EQ(snapshot(gpu).v_plane, before.v_plane);
       }
     }
     const auto err = gpu.status().device_error;

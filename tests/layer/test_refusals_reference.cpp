@@ -12,9 +12,9 @@
 
 #include "testbed.hpp"
 
+namespace kvlayer::testing {
 namespace {
 
-using namespace kvtest;
 using std::to_string;
 
 // ---- geometry ----------------------------------------------------------------------------------
@@ -113,15 +113,15 @@ struct Layers {
   Rng rng{0x4EF};
 
   Layers() {
-    flat.append(random_rows(flat_g, 5, rng).view());
+    flat.append(random_rows(flat_g, 5, rng).f32_view());
     // dirty: a data error and a device error already recorded, len_d ahead of len.
     HostRows bad = random_rows(flat_g, 4, rng);
     bad.v[std::size_t(2 * flat_g.kv_dim_v() + 70)] = NAN;
-    dirty.append(bad.view());
+    dirty.append(bad.f32_view());
     for (int i = 0; i < 13; ++i) dirty.inc_seqlen();
-    dirty.append_dc(random_rows(flat_g, 1, rng).view());  // len_d 17 ≥ max_ctx: device error
-    windowed.append(random_rows(windowed_g, 7, rng).view());
-    for (int i = 0; i < 101; ++i) ring.append(random_rows(ring_g, 1, rng).view());
+    dirty.append_dc(random_rows(flat_g, 1, rng).f32_view());  // len_d 17 ≥ max_ctx: device error
+    windowed.append(random_rows(windowed_g, 7, rng).f32_view());
+    for (int i = 0; i < 101; ++i) ring.append(random_rows(ring_g, 1, rng).f32_view());
   }
   std::vector<KvLayer*> flats() { return {&flat, &dirty, &windowed}; }
   std::vector<KvLayer*> all() { return {&flat, &dirty, &windowed, &ring}; }
@@ -238,7 +238,7 @@ TEST(Refusals, DeviceCounterAppends) {
   }
   const HostRows r = random_rows(ls.ring_g, 1, ls.rng);
   expect_refused_unchanged(
-      ls.ring, [&] { ls.ring.append_dc(r.view()); }, "append_dc: ring layers use append_dcw");
+      ls.ring, [&] { ls.ring.append_dc(r.f32_view()); }, "append_dc: ring layers use append_dcw");
 }
 
 TEST(Refusals, AccountSteps) {
@@ -262,7 +262,7 @@ TEST(Refusals, AccountStepsThatWouldBreakTheRingInvariant) {
   const Geometry g = ring_geometry(1, 32, 32, 1000, 61, 5, 3);  // rows 100
   KvLayer l(g);
   Rng rng(0xACC);
-  l.append(random_rows(g, 100, rng).view());  // len − base == rows
+  l.append(random_rows(g, 100, rng).f32_view());  // len − base == rows
   l.inc_seqlen();                             // a step beyond its headroom ...
   expect_refused_unchanged(
       l, [&] { l.account_steps(1); },  // ... would make len − base 101
@@ -344,8 +344,9 @@ TEST(Refusals, HostDecodeRightAfterARewindToTheLimit) {
       ls.ring, [&] { (void)ls.ring.decode(q, 2); },
       "decode: the view starts at logical row 31, below base 32 (not resident; append before "
       "decoding after a rewind this deep)");
-  ls.ring.append(random_rows(ls.ring_g, 1, ls.rng).view());
+  ls.ring.append(random_rows(ls.ring_g, 1, ls.rng).f32_view());
   EXPECT_NO_THROW((void)ls.ring.decode(q, 2));
 }
 
 }  // namespace
+}  // namespace kvlayer::testing

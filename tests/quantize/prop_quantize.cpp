@@ -54,7 +54,7 @@ struct BlockSpec {
   std::uint64_t seed;
 
   Block values() const {
-    kvtest::Rng rng(seed);
+    kvlayer::testing::Rng rng(seed);
     const float s = std::ldexp(1.0f, exponent);
     // Offsets that would push q5_1's minimum past fp16's range are dropped: such blocks are
     // bad blocks by definition (UnrepresentableBlocksAreAlwaysTheCanonicalBadBlock).

@@ -179,7 +179,7 @@ TEST(HalfF16, NaNStaysQuietNaN) {
 /// Random f32 values concentrated on the exponents f16 can represent (and a margin around
 /// them), against the table oracle.
 TEST(HalfF16, RandomFloatsMatchOracle) {
-  kvtest::Rng rng(0xF16);
+  kvlayer::testing::Rng rng(0xF16);
   const Format& fmt = f16_format();
   for (int i = 0; i < 2'000'000; ++i) {
     std::uint32_t bits = std::uint32_t(rng.next());
@@ -197,7 +197,7 @@ TEST(HalfF16, RandomFloatsMatchOracle) {
 /// Second, compiler-provided oracle where the toolchain has _Float16 (its conversion routine is
 /// round-to-nearest-even in software or F16C hardware).
 TEST(HalfF16, RandomFloatsMatchCompilerFloat16) {
-  kvtest::Rng rng(0xF17);
+  kvlayer::testing::Rng rng(0xF17);
   for (int i = 0; i < 1'000'000; ++i) {
     const std::uint32_t e = std::uint32_t(rng.range(97, 144));
     const std::uint32_t bits = (std::uint32_t(rng.next()) & 0x807FFFFFu) | (e << 23);
@@ -246,7 +246,7 @@ TEST(HalfBf16, TiesOverflowAndNaN) {
 }
 
 TEST(HalfBf16, RandomFloatsMatchOracle) {
-  kvtest::Rng rng(0xBF16);
+  kvlayer::testing::Rng rng(0xBF16);
   const Format& fmt = bf16_format();
   for (int i = 0; i < 2'000'000; ++i) {
     const std::uint32_t bits = std::uint32_t(rng.next());

@@ -125,7 +125,7 @@ Q5 oracle_q5(const Block& x, bool fused = false) {
 }
 
 /// A block with a random power-of-two scale and random offset: realistic K/V data.
-Block random_block(kvtest::Rng& rng) {
+Block random_block(kvlayer::testing::Rng& rng) {
   Block x;
   const float scale = std::ldexp(1.0f, int(rng.range(-20, 12)));
   const float offset = rng.range(0, 3) == 0 ? scale * rng.uniform(-4.0f, 4.0f) : 0.0f;
@@ -265,7 +265,7 @@ TEST(QuantizeQ8_0, NonFiniteValuesGiveTheCanonicalBadBlock) {
   for (const Case& c :
        {Case{5, NAN, 9, INFINITY}, Case{2, -INFINITY, 30, NAN}, Case{31, INFINITY, 0, 1.0f}}) {
     Block x;
-    kvtest::Rng rng(7);
+    kvlayer::testing::Rng rng(7);
     for (float& v : x) v = rng.uniform(-1, 1);
     x[c.first_pos] = c.first;
     x[c.second_pos] = c.second;
@@ -400,7 +400,7 @@ TEST(QuantizeQ5_1, OverflowOfScaleOrMinimumGivesTheBadBlock) {
 
 TEST(QuantizeQ5_1, NonFiniteValuesGiveTheCanonicalBadBlock) {
   Block x;
-  kvtest::Rng rng(11);
+  kvlayer::testing::Rng rng(11);
   for (float& v : x) v = rng.uniform(-1, 1);
   x[20] = -INFINITY;
   x[25] = NAN;
@@ -416,7 +416,7 @@ TEST(QuantizeQ5_1, NonFiniteValuesGiveTheCanonicalBadBlock) {
 // ---- random blocks against the oracle -------------------------------------------------------
 
 TEST(QuantizeRandom, BytesEqualTheGgmlOracle) {
-  kvtest::Rng rng(0x9A11);
+  kvlayer::testing::Rng rng(0x9A11);
   for (int i = 0; i < 200'000; ++i) {
     const Block x = random_block(rng);
     ASSERT_EQ(run_q8(x).bytes, oracle_q8(x)) << "block " << i;
@@ -428,7 +428,7 @@ TEST(QuantizeRandom, BytesEqualTheGgmlOracle) {
 /// Values placed on (or next to) the rounding ties of each format, where a wrong rounding mode,
 /// a reciprocal approximation or a fused multiply-add changes a quant.
 TEST(QuantizeRandom, TieNeighbourhoodsEqualTheOracleAndFmaWouldDiffer) {
-  kvtest::Rng rng(0x71E5);
+  kvlayer::testing::Rng rng(0x71E5);
   int fma_differs = 0;
   // Moves v by up to two ulps either way (0 keeps the tie itself).
   auto nudge = [&rng](float v) {
@@ -462,7 +462,7 @@ TEST(QuantizeRandom, TieNeighbourhoodsEqualTheOracleAndFmaWouldDiffer) {
 // ---- dequantization formulas ------------------------------------------------------------------
 
 TEST(Dequantize, Q8_0IsScaleTimesQuant) {
-  kvtest::Rng rng(0xDE08);
+  kvlayer::testing::Rng rng(0xDE08);
   for (int i = 0; i < 20'000; ++i) {
     Q8 b;
     for (auto& byte : b) byte = std::uint8_t(rng.next());
@@ -476,7 +476,7 @@ TEST(Dequantize, Q8_0IsScaleTimesQuant) {
 }
 
 TEST(Dequantize, Q5_1IsScaleTimesQuantPlusMinimumRoundedOnce) {
-  kvtest::Rng rng(0xDE51);
+  kvlayer::testing::Rng rng(0xDE51);
   for (int i = 0; i < 20'000; ++i) {
     Q5 b;
     for (auto& byte : b) byte = std::uint8_t(rng.next());
@@ -499,7 +499,7 @@ TEST(Dequantize, Q5_1IsScaleTimesQuantPlusMinimumRoundedOnce) {
 // ---- rows -------------------------------------------------------------------------------------
 
 TEST(QuantizeRow, WritesEveryBlockAndReportsTheFirstBadOne) {
-  kvtest::Rng rng(0x5044);
+  kvlayer::testing::Rng rng(0x5044);
   std::vector<float> x(5 * kBlockValues);
   for (float& v : x) v = rng.uniform(-2, 2);
   x[1 * 32 + 7] = NAN;

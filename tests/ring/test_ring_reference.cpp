@@ -8,9 +8,9 @@
 
 #include "testbed.hpp"
 
+namespace kvlayer::testing {
 namespace {
 
-using namespace kvtest;
 using P = std::pair<std::int64_t, std::int64_t>;
 
 /// The main ring of these tests: window 61, max_append 5, rewind_slack 3 -> rows 100.
@@ -36,7 +36,7 @@ struct RingBed {
   }
   HostRows append(std::int64_t n) {
     HostRows r = random_rows(g, n, rng);
-    layer.append(r.view());
+    layer.append(r.f32_view());
     model.append(r);
     return r;
   }
@@ -102,7 +102,7 @@ TEST(Ring, RebaseWhenExactlyFullMovesTheRetainedRowsAndNothingElse) {
   // Explicitly, independent of the model: physical [32, 100) moved to [0, 68) ...
   for (Plane p : {Plane::k, Plane::v}) {
     const std::int64_t tb = p == Plane::k ? b.g.k_tok_bytes() : b.g.v_tok_bytes();
-    const auto& old = p == Plane::k ? before.k : before.v;
+    const auto& old = p == Plane::k ? before.k_plane : before.v_plane;
     EXPECT_EQ(b.rows_bytes(p, 0, 68),
               std::vector<std::uint8_t>(old.begin() + 32 * tb, old.begin() + 100 * tb));
     // ... the new row is quantized at physical 68 ...
@@ -144,7 +144,7 @@ TEST(Ring, AppendThatCannotFitIsRefusedAndOneThatFitsExactlyIsNot) {
   // keep = 68 after the rebase: 68 + 33 > 100 is refused, 68 + 32 == 100 fits (larger than
   // max_append, but SPEC §6 refuses only what cannot fit).
   expect_refused_unchanged(
-      b.layer, [&] { b.layer.append(random_rows(b.g, 33, b.rng).view()); },
+      b.layer, [&] { b.layer.append(random_rows(b.g, 33, b.rng).f32_view()); },
       "append: ring cannot fit n 33 rows: 68 rows must stay resident (from logical row 32) and "
       "68 + 33 exceeds rows 100");
   b.append(32);
@@ -153,7 +153,7 @@ TEST(Ring, AppendThatCannotFitIsRefusedAndOneThatFitsExactlyIsNot) {
   // An empty ring cannot take more than rows at once either.
   RingBed e(ring61(), 10);
   expect_refused_unchanged(
-      e.layer, [&] { e.layer.append(random_rows(e.g, 101, e.rng).view()); },
+      e.layer, [&] { e.layer.append(random_rows(e.g, 101, e.rng).f32_view()); },
       "append: ring cannot fit n 101 rows: 0 rows must stay resident (from logical row 0) and "
       "0 + 101 exceeds rows 100");
   e.append(100);
@@ -181,8 +181,8 @@ TEST(Ring, RewindAtExactlyTheLimitAndOneRowPast) {
   ASSERT_EQ(b.check(), "");
   EXPECT_EQ(b.layer.len(), 92);
   EXPECT_EQ(b.layer.len_d(), 92);
-  EXPECT_EQ(b.layer.k_plane(), before.k);  // rewinds move no bytes and never base
-  EXPECT_EQ(b.layer.v_plane(), before.v);
+  EXPECT_EQ(b.layer.k_plane(), before.k_plane);  // rewinds move no bytes and never base
+  EXPECT_EQ(b.layer.v_plane(), before.v_plane);
   EXPECT_EQ(b.layer.base(), 32);
   // SPEC §10.5: the next append + decode stay inside the resident rows.
   b.append(1);
@@ -225,7 +225,7 @@ TEST(Ring, ReserveMakesTheNextKDeviceStepsContiguous) {
   const std::int64_t base = b.layer.base();
   for (int step = 0; step < 5; ++step) {
     const HostRows r = random_rows(b.g, 1, b.rng);
-    b.layer.append_dcw(r.view());
+    b.layer.append_dcw(r.f32_view());
     b.model.append_device(r, true);
     b.layer.inc_seqlen();
     b.model.inc_seqlen();
@@ -265,10 +265,10 @@ TEST(Ring, WithoutReserveTheStepPastTheLastRowIsADeviceErrorThatWritesNothing) {
   b.fill_to(100);
   const Snapshot before = snapshot(b.layer);
   const HostRows r = random_rows(b.g, 1, b.rng);
-  b.layer.append_dcw(r.view());
+  b.layer.append_dcw(r.f32_view());
   b.model.append_device(r, true);
-  EXPECT_EQ(b.layer.k_plane(), before.k);
-  EXPECT_EQ(b.layer.v_plane(), before.v);
+  EXPECT_EQ(b.layer.k_plane(), before.k_plane);
+  EXPECT_EQ(b.layer.v_plane(), before.v_plane);
   ASSERT_TRUE(b.layer.status().device_error);
   EXPECT_EQ(*b.layer.status().device_error,
             (kvlayer::DeviceError{kvlayer::DeviceErrorKind::append_outside_rows, 100, 0, 100}));
@@ -281,7 +281,7 @@ TEST(Ring, RingWhoseRowsAreCappedByMaxCtxNeverRebases) {
   b.fill_to(20);
   EXPECT_EQ(b.layer.base(), 0);
   expect_refused_unchanged(
-      b.layer, [&] { b.layer.append(random_rows(b.g, 1, b.rng).view()); },
+      b.layer, [&] { b.layer.append(random_rows(b.g, 1, b.rng).f32_view()); },
       "append: len 20 + n 1 exceeds max_ctx 20");
 }
 
@@ -304,7 +304,7 @@ TEST_P(RingSchedule, MatchesTheModelAndKeepsTheInvariants) {
       const std::int64_t n = b.rng.range(1, 2 * c.max_append);
       if (!b.model.plan(n).fits) {
         const Snapshot s = snapshot(b.layer);
-        EXPECT_THROW(b.layer.append(random_rows(b.g, n, b.rng).view()), kvlayer::Error);
+        EXPECT_THROW(b.layer.append(random_rows(b.g, n, b.rng).f32_view()), kvlayer::Error);
         ASSERT_EQ(snapshot_diff(s, snapshot(b.layer), b.g), "");
         if (b.layer.len() + n > c.max_ctx) break;  // capacity reached: done
         continue;
@@ -358,3 +358,4 @@ INSTANTIATE_TEST_SUITE_P(Reference, RingSchedule,
                          });
 
 }  // namespace
+}  // namespace kvlayer::testing

@@ -29,10 +29,6 @@ inline ref::BoundTightness& bound_tightness() {
 
 }  // namespace kvlayer::testing
 
-namespace kvlayer {
-namespace test = testing;  // kvlayer::test::bound_tightness() reads as well
-}  // namespace kvlayer
-
 /// Put first in every GPU test body (or fixture SetUp): skips with a visible reason.
 #define KVLAYER_REQUIRE_GPU()                                                   \
   do {                                                                          \
