@@ -2,7 +2,7 @@
 
 #include "kvlayer/error.hpp"
 
-namespace kvtest {
+namespace kvlayer::testing {
 namespace {
 struct Loaded {
   std::unique_ptr<kvlayer::golden::GoldenSet> set;
@@ -30,4 +30,4 @@ const std::string& load_error() {
   return loaded().error;
 }
 
-}  // namespace kvtest
+}  // namespace kvlayer::testing

@@ -13,7 +13,7 @@
 #include "kvlayer/golden/check.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
 
-namespace kvtest {
+namespace kvlayer::testing {
 namespace {
 
 using kvlayer::golden::DecodeCase;
@@ -207,4 +207,4 @@ TEST(DecodeTolerance, ScalesWithMagnitudeKeysAndScores) {
 }
 
 }  // namespace
-}  // namespace kvtest
+}  // namespace kvlayer::testing

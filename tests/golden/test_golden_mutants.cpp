@@ -12,7 +12,7 @@
 #include "golden_data.hpp"
 #include "kvlayer/half.hpp"
 
-namespace kvtest {
+namespace kvlayer::testing {
 namespace {
 
 using kvlayer::golden::QuantCase;
@@ -151,4 +151,4 @@ TEST(GoldenMutants, EachDefectIsCaught) {
 }
 
 }  // namespace
-}  // namespace kvtest
+}  // namespace kvlayer::testing

@@ -11,7 +11,7 @@
 #include "kvlayer/golden/check.hpp"
 #include "kvlayer/reference/quantize.hpp"
 
-namespace kvtest {
+namespace kvlayer::testing {
 namespace {
 
 using kvlayer::golden::QuantCase;
@@ -161,4 +161,4 @@ TEST(GoldenQuantChecker, DetectsCorruptedBytesAndReports) {
 }
 
 }  // namespace
-}  // namespace kvtest
+}  // namespace kvlayer::testing

@@ -1,5 +1,5 @@
-// The golden loader's parts: .npy reader, JSON reader, SHA-256, and load_golden's integrity
-// checks on a corrupted copy of the data.
+// The golden loader's parts: .npy reader, the manifest's checked JSON accessors, SHA-256, and
+// load_golden's integrity checks on a corrupted copy of the data.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,15 +11,23 @@
 
 #include "golden_data.hpp"
 #include "kvlayer/error.hpp"
-#include "kvlayer/golden/json.hpp"
+#include "kvlayer/golden/manifest.hpp"
 #include "kvlayer/golden/npy.hpp"
 #include "kvlayer/golden/sha256.hpp"
 
-namespace kvtest {
+namespace kvlayer::testing {
 namespace {
 
 namespace fs = std::filesystem;
+using kvlayer::golden::as_array;
+using kvlayer::golden::as_bool;
+using kvlayer::golden::as_int;
+using kvlayer::golden::as_number;
+using kvlayer::golden::as_string;
+using kvlayer::golden::has_member;
 using kvlayer::golden::Json;
+using kvlayer::golden::member;
+using kvlayer::golden::parse_json;
 
 /// A fresh directory under the system temp dir, removed at scope exit.
 struct TempDir {
@@ -79,30 +87,38 @@ TEST(Sha256, KnownVectors) {
 }
 
 TEST(Json, ParsesTheManifestSubset) {
-  const Json j = Json::parse(
+  const Json j = parse_json(
       R"({"a": [1, -2.5e3, true, false, null], "s": "x\"y\\z\u0041", "o": {"k": 7}, "e": []})");
-  EXPECT_EQ(j["a"].as_array().size(), 5u);
-  EXPECT_EQ(j["a"].as_array()[0].as_int(), 1);
-  EXPECT_EQ(j["a"].as_array()[1].as_number(), -2500.0);
-  EXPECT_TRUE(j["a"].as_array()[2].as_bool());
-  EXPECT_FALSE(j["a"].as_array()[3].as_bool());
-  EXPECT_TRUE(j["a"].as_array()[4].is_null());
-  EXPECT_EQ(j["s"].as_string(), "x\"y\\zA");
-  EXPECT_EQ(j["o"]["k"].as_int(), 7);
-  EXPECT_TRUE(j["e"].as_array().empty());
-  EXPECT_TRUE(j.contains("o"));
-  EXPECT_FALSE(j.contains("zz"));
+  const auto& a = as_array(member(j, "a"));
+  EXPECT_EQ(a.size(), 5u);
+  EXPECT_EQ(as_int(a[0]), 1);
+  EXPECT_EQ(as_number(a[1]), -2500.0);
+  EXPECT_TRUE(as_bool(a[2]));
+  EXPECT_FALSE(as_bool(a[3]));
+  EXPECT_TRUE(a[4].is_null());
+  EXPECT_EQ(as_string(member(j, "s")), "x\"y\\zA");
+  EXPECT_EQ(as_int(member(member(j, "o"), "k")), 7);
+  EXPECT_TRUE(as_array(member(j, "e")).empty());
+  EXPECT_TRUE(has_member(j, "o"));
+  EXPECT_FALSE(has_member(j, "zz"));
 }
 
 TEST(Json, RejectsMalformedInputWithTheOffset) {
-  EXPECT_EQ(error_of([] { Json::parse(R"({"a": 1,})"); }), "json: expected a string key at byte 8");
-  EXPECT_EQ(error_of([] { Json::parse(R"([1, 2)"); }), "json: unexpected end of input at byte 5");
-  EXPECT_EQ(error_of([] { Json::parse(R"({} x)"); }),
-            "json: trailing characters after the JSON value at byte 3");
-  EXPECT_EQ(error_of([] { Json::parse(R"({"a": 1})")["b"]; }), "json: missing key \"b\"");
-  EXPECT_EQ(error_of([] { Json::parse(R"({"a": 1.5})")["a"].as_int(); }),
+  EXPECT_EQ(error_of([] { parse_json(R"({"a": 1,})"); }),
+            "json: syntax error while parsing object key - unexpected '}'; expected string literal "
+            "at byte 8");
+  EXPECT_EQ(error_of([] { parse_json(R"([1, 2)"); }),
+            "json: syntax error while parsing array - unexpected end of input; expected ']' at "
+            "byte 5");
+  EXPECT_EQ(error_of([] { parse_json(R"({} x)"); }),
+            "json: syntax error while parsing value - invalid literal; last read: '{} x'; expected "
+            "end of input at byte 3");
+  EXPECT_EQ(error_of([] { member(parse_json(R"({"a": 1})"), "b"); }), "json: missing key \"b\"");
+  EXPECT_EQ(error_of([] { as_int(member(parse_json(R"({"a": 1.5})"), "a")); }),
             "json: 1.500000 is not an integer");
-  EXPECT_EQ(error_of([] { Json::parse(R"({"a": "s"})")["a"].as_array(); }),
+  EXPECT_EQ(error_of([] { as_int(parse_json("18446744073709551615")); }),
+            "json: 18446744073709551616.000000 is not an integer");
+  EXPECT_EQ(error_of([] { as_array(member(parse_json(R"({"a": "s"})"), "a")); }),
             "json: expected a array, found a string");
 }
 
@@ -213,4 +229,4 @@ TEST(LoadGolden, VerifiesEveryFileAgainstTheManifest) {
 }
 
 }  // namespace
-}  // namespace kvtest
+}  // namespace kvlayer::testing
