@@ -225,6 +225,10 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendAr
     }
     physical0 = len - base;
     logical0 = len;
+    if (KVLAYER_DEVICE_MUTANT(rows_append_wrong_slot) && a.n > 1 && physical0 + a.n < a.rows) {
+      ++physical0;  // planted bug: one slot late
+      if (blockIdx.x == 0 && threadIdx.x == 0) KVLAYER_MUTANT_REACHED(MutantSite::append);
+    }
   }
   const long long kb = a.kv_dim_k / kBlockValues;
   const long long vb = a.kv_dim_v / kBlockValues;

@@ -74,6 +74,7 @@ struct KvLayer::State {
   DeviceBuffer status;    ///< DeviceStatus
   DeviceBuffer scratch;   ///< decode split scratch
   std::int64_t len = 0, base = 0;
+  bool after_rows_step = false;  ///< the last device-counter append wrote T > 1 rows (mutants)
 
   State() = default;
   State(const State&) = delete;
@@ -296,6 +297,7 @@ void KvLayer::append(const RowsView& rows) {
   // the layer is then as reserve(rows.n) leaves it (kv_layer.hpp, "CUDA failures").
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(a, AppendMode::host, s.stream), "launch_append");
   s.len += rows.n;
+  s.after_rows_step = false;
 }
 
 bool KvLayer::can_rewind_to(std::int64_t p) const {
@@ -305,7 +307,9 @@ bool KvLayer::can_rewind_to(std::int64_t p) const {
 void KvLayer::rewind(std::int64_t new_len) {
   State& s = *s_;
   detail::check_rewind(s.g, s.len, s.base, new_len);
-  if (!KVLAYER_HOST_MUTANT(rewind_forgets_len_d)) s.set_counters(new_len, -1);
+  const bool forget = KVLAYER_HOST_MUTANT(rewind_forgets_len_d) ||
+                      (s.after_rows_step && KVLAYER_HOST_MUTANT(accept_forgets_len_d));
+  if (!forget) s.set_counters(new_len, -1);
   s.len = new_len;
 }
 
@@ -337,6 +341,7 @@ void KvLayer::append_dc(const RowsView& one_row) {
   if (s.g.is_ring()) refuse("append_dc", "ring layers use append_dcw");
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dc, s.stream),
                          "launch_append");
+  s.after_rows_step = false;
 }
 
 void KvLayer::append_dcw(const RowsView& one_row) {
@@ -344,6 +349,7 @@ void KvLayer::append_dcw(const RowsView& one_row) {
   s.check_one_row(one_row, "append_dcw");
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dcw, s.stream),
                          "launch_append");
+  s.after_rows_step = false;
 }
 
 void KvLayer::append_rows_dc(const RowsView& rows) {
@@ -353,6 +359,7 @@ void KvLayer::append_rows_dc(const RowsView& rows) {
   if (s.g.is_ring()) refuse("append_rows_dc", "ring layers use append_rows_dcw");
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(rows), AppendMode::dc, s.stream),
                          "launch_append");
+  s.after_rows_step = rows.n > 1;
 }
 
 void KvLayer::append_rows_dcw(const RowsView& rows) {
@@ -361,11 +368,13 @@ void KvLayer::append_rows_dcw(const RowsView& rows) {
   s.check_verify_count(rows.n, "append_rows_dcw");
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(rows), AppendMode::dcw, s.stream),
                          "launch_append");
+  s.after_rows_step = rows.n > 1;
 }
 
 void KvLayer::inc_seqlen(int n) {
   s_->check_verify_count(n, "inc_seqlen");
-  KVLAYER_CUDA_TRY_NAMED(detail::launch_inc_seqlen(s_->len_d(), n, s_->stream),
+  const int by = n > 1 && KVLAYER_HOST_MUTANT(inc_seqlen_adds_one) ? 1 : n;  // (planted bug)
+  KVLAYER_CUDA_TRY_NAMED(detail::launch_inc_seqlen(s_->len_d(), by, s_->stream),
                          "launch_inc_seqlen");
 }
 

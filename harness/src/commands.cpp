@@ -22,6 +22,12 @@ std::string decode_variant_name(DecodeVariant variant) {
   return std::string(name_of(Decode{variant, 0}));
 }
 
+std::string verify_variant_name(DecodeVariant variant) {
+  return variant == DecodeVariant::host ? "decode_rows"
+         : variant == DecodeVariant::dc ? "decode_rows_dc"
+                                        : "decode_rows_dcw";
+}
+
 namespace {
 
 /// Writes a command's fields as its line shows them: " key=value", the seed last.

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 
@@ -48,6 +49,66 @@ class CudaSystem final : public System {
     windowed ? layer_.append_dcw(view) : layer_.append_dc(view);
   }
   void inc_seqlen() override { layer_.inc_seqlen(); }
+  void append_rows_dc(const HostRows& rows, bool windowed) override {
+    const cuda::RowsView view = stage(rows);
+    windowed ? layer_.append_rows_dcw(view) : layer_.append_rows_dc(view);
+  }
+  void inc_seqlen(int t) override { layer_.inc_seqlen(t); }
+
+  std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q,
+                                 int t) override {
+    const std::size_t n = std::size_t(std::max(t, 0)) * out_values_.size();
+    float* dq = static_cast<float*>(Shared::ensure(shared().q, std::max<std::size_t>(q.size_bytes(), 4)));
+    float* dout = poisoned_out(n);
+    upload(dq, q.data(), q.size_bytes(), stream());
+    switch (variant) {
+      case DecodeVariant::host: layer_.decode_rows(dq, dout, t); break;
+      case DecodeVariant::dc: layer_.decode_rows_dc(dq, dout, t); break;
+      case DecodeVariant::dcw: layer_.decode_rows_dcw(dq, dout, t); break;
+    }
+    return download(dout, n);
+  }
+
+  std::vector<std::vector<float>> verify_chain(const std::vector<HostRows>& drafts,
+                                               const std::vector<std::vector<float>>& queries,
+                                               const std::vector<std::int64_t>& accepted, int t,
+                                               bool windowed) override {
+    const std::size_t n = std::size_t(t) * out_values_.size();
+    // Captured per chain: T and the variant are fixed at capture (SPEC §11).
+    DeviceBuffer k(drafts.front().k_bytes.size()), v(drafts.front().v_bytes.size());
+    DeviceBuffer q(queries.front().size() * sizeof(float)), out(n * sizeof(float));
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+    const cuda::RowsView view{k.get(), v.get(), t, drafts.front().dtype};
+    try {
+      windowed ? layer_.append_rows_dcw(view) : layer_.append_rows_dc(view);
+      layer_.inc_seqlen(t);
+      windowed ? layer_.decode_rows_dcw(q.as<float>(), out.as<float>(), t)
+               : layer_.decode_rows_dc(q.as<float>(), out.as<float>(), t);
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(stream(), &g);
+      if (g) (void)cudaGraphDestroy(g);
+      throw;
+    }
+    const cuda::Graph graph = cuda::Graph::end_capture(stream());
+    const std::vector<float> poison(n, std::bit_cast<float>(kPoisonBits));
+    std::vector<std::vector<float>> outputs;
+    for (std::size_t r = 0; r < drafts.size(); ++r) {
+      layer_.reserve(t);
+      upload(k.get(), drafts[r].k_bytes.data(), drafts[r].k_bytes.size(), stream());
+      upload(v.get(), drafts[r].v_bytes.data(), drafts[r].v_bytes.size(), stream());
+      upload(q.get(), queries[r].data(), queries[r].size() * sizeof(float), stream());
+      upload(out.get(), poison.data(), n * sizeof(float), stream());
+      graph.launch(stream());
+      outputs.push_back(download(out.as<float>(), n));
+      layer_.account_steps(t);
+      if (accepted[r] < t) layer_.rewind(layer_.len() - t + accepted[r]);
+    }
+    // The graph's buffers are freed when this returns: let the last replay finish first.
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    return outputs;
+  }
   void account_steps(std::int64_t k) override { layer_.account_steps(k); }
   void reserve(std::int64_t k) override { layer_.reserve(k); }
   void rewind(std::int64_t to) override { layer_.rewind(to); }
@@ -95,6 +156,9 @@ class CudaSystem final : public System {
   kvlayer::AccumulationShape accumulation_shape(DecodeVariant) override {
     return layer_.accumulation_shape();
   }
+  kvlayer::AccumulationShape verify_accumulation_shape(int t) override {
+    return layer_.verify_accumulation_shape(t);
+  }
 
  private:
   cudaStream_t stream() const { return layer_.stream(); }
@@ -107,14 +171,21 @@ class CudaSystem final : public System {
     return cuda::RowsView{dk, dv, rows.n, rows.dtype};
   }
 
-  float* poisoned_out() {
-    float* dout = static_cast<float*>(Shared::ensure(shared().out, poison_.size() * sizeof(float)));
-    upload(dout, poison_.data(), poison_.size() * sizeof(float), stream());
+  /// The shared output buffer for n values (default: one decode's), poisoned.
+  float* poisoned_out(std::size_t n = 0) {
+    const std::vector<float>* p = &poison_;
+    if (n > poison_.size()) {
+      if (rows_poison_.size() < n) rows_poison_.assign(n, std::bit_cast<float>(kPoisonBits));
+      p = &rows_poison_;
+    }
+    if (n == 0) n = poison_.size();
+    float* dout = static_cast<float*>(Shared::ensure(shared().out, n * sizeof(float)));
+    upload(dout, p->data(), n * sizeof(float), stream());
     return dout;
   }
 
-  std::vector<float> download(const float* dout) {
-    std::vector<float> host(out_values_.size());
+  std::vector<float> download(const float* dout, std::size_t n = 0) {
+    std::vector<float> host(n == 0 ? out_values_.size() : n);
     KVLAYER_CUDA_TRY(cudaMemcpyAsync(host.data(), dout, host.size() * sizeof(float),
                                      cudaMemcpyDeviceToHost, stream()));
     KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
@@ -156,7 +227,8 @@ class CudaSystem final : public System {
 
   cuda::KvLayer layer_;
   std::vector<float> out_values_;
-  std::vector<float> poison_;
+  std::vector<float> poison_;       ///< one decode's output of kPoisonBits
+  std::vector<float> rows_poison_;  ///< a verify decode's
   DeviceBuffer chain_k_, chain_v_, chain_q_, chain_out_;
   cuda::Graph graph_;
   bool graph_windowed_ = false;

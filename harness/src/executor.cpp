@@ -67,6 +67,23 @@ class TimedSystem final : public System {
     timed([&] { inner_.append_dc(row, windowed); });
   }
   void inc_seqlen() override { timed([&] { inner_.inc_seqlen(); }); }
+  void append_rows_dc(const HostRows& rows, bool windowed) override {
+    timed([&] { inner_.append_rows_dc(rows, windowed); });
+  }
+  void inc_seqlen(int t) override { timed([&] { inner_.inc_seqlen(t); }); }
+  std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q,
+                                 int t) override {
+    return timed([&] { return inner_.decode_rows(variant, q, t); });
+  }
+  std::vector<std::vector<float>> verify_chain(const std::vector<HostRows>& drafts,
+                                               const std::vector<std::vector<float>>& queries,
+                                               const std::vector<std::int64_t>& accepted, int t,
+                                               bool windowed) override {
+    return timed([&] { return inner_.verify_chain(drafts, queries, accepted, t, windowed); });
+  }
+  kvlayer::AccumulationShape verify_accumulation_shape(int t) override {
+    return timed([&] { return inner_.verify_accumulation_shape(t); });
+  }
   void account_steps(std::int64_t k) override { timed([&] { inner_.account_steps(k); }); }
   void reserve(std::int64_t k) override { timed([&] { inner_.reserve(k); }); }
   void rewind(std::int64_t to) override { timed([&] { inner_.rewind(to); }); }
@@ -156,6 +173,89 @@ HostRows Sides::rows(std::int64_t n, std::uint64_t seed, DataKind kind) const {
 
 std::vector<float> Sides::query(std::uint64_t seed) const {
   return make_query(geometry_, n_q_heads_, seed);
+}
+
+std::vector<float> Sides::queries(std::int64_t t, std::uint64_t seed) const {
+  std::vector<float> q;
+  Rng rng(seed);
+  for (std::int64_t i = 0; i < t; ++i) {
+    const std::vector<float> one = make_query(geometry_, n_q_heads_, rng.next());
+    q.insert(q.end(), one.begin(), one.end());
+  }
+  return q;
+}
+
+void Sides::model_append_rows_dc(const HostRows& rows, bool windowed) {
+  if (windowed)
+    model_.append_rows_dcw(view_of(rows));
+  else
+    model_.append_rows_dc(view_of(rows));
+}
+
+bool Sides::rows_append_writes(std::int64_t t, bool windowed) const {
+  const std::int64_t len_d = model_.len_d(), phys = len_d - (windowed ? model_.base_d() : 0);
+  return t >= 1 && t <= model_.max_verify() && len_d + t <= geometry_.max_ctx && phys >= 0 &&
+         phys + t <= geometry_.rows();
+}
+
+std::optional<std::vector<double>> Sides::model_decode_rows(DecodeVariant variant,
+                                                            const std::vector<float>& q,
+                                                            std::int64_t t) {
+  switch (variant) {
+    case DecodeVariant::host:
+      return model_.decode_rows(q, n_q_heads_, int(t));
+    case DecodeVariant::dc:
+      return model_.decode_rows_dc(q, n_q_heads_, int(t));
+    case DecodeVariant::dcw:
+      return model_.decode_rows_dcw(q, n_q_heads_, int(t));
+  }
+  return std::nullopt;
+}
+
+Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::vector<float>& q,
+                                             std::int64_t t,
+                                             std::optional<std::vector<double>> out) {
+  const Geometry& g = geometry_;
+  Expectation x{std::string(verify_variant_name(variant)), std::move(out), {}, {}};
+  if (!x.out) return x;  // a device error: nothing may be written
+  const bool host = variant == DecodeVariant::host;
+  const std::int64_t len = host ? model_.len() : model_.len_d();
+  const std::int64_t base = host ? model_.base() : variant == DecodeVariant::dcw ? model_.base_d() : 0;
+  const std::vector<ref::DecodeView> views = ref::verify_views(g, len, base, int(t));
+  if (system_) {
+    const Stopwatch w(stats_.seconds_in_bounds);
+    const auto bounds = ref::decode_rows_bound(model_, q, n_q_heads_, std::nullopt, views,
+                                               system_->verify_accumulation_shape(int(t)));
+    for (const ref::DecodeBound& b : bounds) {
+      x.bound.bound.insert(x.bound.bound.end(), b.bound.begin(), b.bound.end());
+      x.bound.exact_q.insert(x.bound.exact_q.end(), b.exact_q.begin(), b.exact_q.end());
+      x.bound.max_abs_v.insert(x.bound.max_abs_v.end(), b.max_abs_v.begin(), b.max_abs_v.end());
+    }
+    return x;
+  }
+  // Reference only: a few elements of every row recomputed by the naive loop over the row's view.
+  const int nq = n_q_heads_;
+  const std::size_t q_row = std::size_t(nq) * std::size_t(g.head_dim_k);
+  const std::size_t out_row = std::size_t(nq) * std::size_t(g.head_dim_v);
+  Rng pick(std::uint64_t(len) * 7919u + std::uint64_t(t));
+  for (std::int64_t i = 0; i < t; ++i) {
+    const std::vector<float> qi(q.begin() + std::ptrdiff_t(i * q_row),
+                                q.begin() + std::ptrdiff_t((i + 1) * q_row));
+    const ref::DecodeView& view = views[std::size_t(i)];
+    for (int k = 0; k < 2; ++k) {
+      const int h = int(pick.range(0, nq - 1)), e = int(pick.range(0, g.head_dim_v - 1));
+      const double want = naive_output(model_, qi, nq, h, e, view.begin, view.end, view.base);
+      const double got = (*x.out)[std::size_t(i) * out_row + std::size_t(h * g.head_dim_v + e)];
+      const double tol = 1e-12 * (1.0 + std::fabs(want)) * double(view.end - view.begin + 1);
+      if (!(std::fabs(want - got) <= tol) && !(std::isnan(want) && std::isnan(got))) {
+        x.self_check = x.name + ": reference row " + std::to_string(i) + " output [" +
+                       std::to_string(h) + "," + std::to_string(e) + "] = " + std::to_string(got) +
+                       ", naive float64 " + std::to_string(want);
+        return x;
+      }
+    }
+  }
+  return x;
 }
 
 void Sides::model_append_dc(const HostRows& row, bool windowed) {

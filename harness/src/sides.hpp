@@ -119,8 +119,26 @@ class Sides {
                                                   const std::vector<float>& q);
   /// Whether a device-counter append on the model now writes its row (SPEC §7).
   bool dc_append_writes(bool windowed) const;
+  /// Stops expecting the bytes of logical rows ≥ first (a rebase keeps only rows below len).
+  void forget_rows_from(std::int64_t first) { shadow_.erase(shadow_.lower_bound(first), shadow_.end()); }
   /// Records the expected bytes of rows written at logical rows first, first + 1, ...
   void remember_rows(const HostRows& rows, std::int64_t first_logical_row);
+
+  /// t queries, [t, n_q_heads, head_dim_k], drawn from seed.
+  std::vector<float> queries(std::int64_t t, std::uint64_t seed) const;
+  /// The model's multi-row device-counter append (append_rows_dcw when windowed).
+  void model_append_rows_dc(const HostRows& rows, bool windowed);
+  /// Whether a multi-row device-counter append of t rows on the model now writes them
+  /// (SPEC §11: every row inside the plane and below max_ctx).
+  bool rows_append_writes(std::int64_t t, bool windowed) const;
+  /// The model's verify decode of t queries (decode_rows, decode_rows_dc, decode_rows_dcw).
+  std::optional<std::vector<double>> model_decode_rows(DecodeVariant variant,
+                                                       const std::vector<float>& q,
+                                                       std::int64_t t);
+  /// The expectation of a verify decode the model just ran: each row within the bound of its
+  /// own view (ref::verify_views), the rows' bounds one after the other.
+  Expectation expect_decode_rows(DecodeVariant variant, const std::vector<float>& q,
+                                 std::int64_t t, std::optional<std::vector<double>> out);
 
   /// The expectation of a decode the model just ran (out: its output); reference-only, a few
   /// of its elements are recomputed by a naive float64 loop instead.

@@ -78,7 +78,9 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
   c.seed = 18446744073709551615ull;
   c.commands = {Append{3, 17, DataKind::ties}, AppendDc{5, DataKind::bad, true}, IncSeqlen{},
                 AccountSteps{1}, Reserve{4}, Rewind{2}, Decode{DecodeVariant::dcw, 9},
-                PhysicalRows{1, 3}, CanRewindTo{0}, GraphChain{4, 11, true}, StatusQuery{}};
+                PhysicalRows{1, 3}, CanRewindTo{0}, GraphChain{4, 11, true}, StatusQuery{},
+                DraftStep{3, 21, DataKind::integers, true}, Verify{2, 8},
+                VerifyChain{5, 4, 13, true}};
   std::set<std::size_t> kinds;
   for (const Command& command : c.commands) kinds.insert(command.index());
   EXPECT_EQ(kinds.size(), std::variant_size_v<Command>) << "a command kind is missing here";
@@ -90,7 +92,9 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
       "append n=3 data=ties seed=17", "append_dcw data=bad seed=5", "inc_seqlen",
       "account_steps k=1",            "reserve k=4",                "rewind to=2",
       "decode_dcw seed=9",            "physical_rows [1, 3)",       "can_rewind_to p=0",
-      "graph_chain steps=4 dcw seed=11", "status"};
+      "graph_chain steps=4 dcw seed=11", "status",
+      "draft_step t=3 data=integers dcw seed=21", "decode_rows t=2 seed=8",
+      "verify_chain rounds=5 t=4 dcw seed=13"};
   ASSERT_EQ(back.commands.size(), lines.size());
   for (std::size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(describe(back.commands[i]), lines[i]);
   EXPECT_EQ(describe(AppendDc{1, DataKind::wide, false}), "append_dc data=wide seed=1");

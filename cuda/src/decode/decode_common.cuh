@@ -100,8 +100,23 @@ __device__ inline long long split_end(long long lo, long long kps, long long vie
 
 /// End of the keys a verified query at logical position `pos` attends: itself and the rows
 /// before it (SPEC §11, causal among the new rows).
-__device__ __forceinline__ long long verify_row_end(long long pos) {
+__device__ __forceinline__ long long verify_row_end(long long pos, long long len) {
+  if (KVLAYER_DEVICE_MUTANT(verify_causal_off_by_one) && pos + 1 < len) {
+    KVLAYER_MUTANT_REACHED(MutantSite::decode_mma);
+    return pos + 2;  // planted bug: sees the next draft
+  }
   return pos + 1;
+}
+
+/// Start of the keys a verified query at `pos` attends on a windowed layer (SPEC §11: its own
+/// window); `last` is the launch's last query position.
+__device__ __forceinline__ long long verify_row_begin(long long pos, long long last,
+                                                      long long window) {
+  if (KVLAYER_DEVICE_MUTANT(verify_one_window) && pos != last) {
+    KVLAYER_MUTANT_REACHED(MutantSite::decode_mma);
+    pos = last;  // planted bug: one window for every row
+  }
+  return pos + 1 - window > 0 ? pos + 1 - window : 0;
 }
 
 /// Partial results of one (KV head, split): o[rows][D], m[rows], l[rows] at fixed offsets,

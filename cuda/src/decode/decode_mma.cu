@@ -328,8 +328,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       row_hi[r] = 0;
       if (row < range.nrows) {
         const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
-        row_hi[r] = verify_row_end(pos);
-        row_lo[r] = p.view.window > 0 && pos + 1 - p.view.window > 0 ? pos + 1 - p.view.window : 0;
+        row_hi[r] = verify_row_end(pos, range.len);
+        row_lo[r] = p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window) : 0;
       }
     }
   }

@@ -62,8 +62,12 @@ struct PhysicalRows;
 struct CanRewindTo;
 struct GraphChain;
 struct StatusQuery;
+struct DraftStep;
+struct Verify;
+struct VerifyChain;
 using Command = std::variant<Append, AppendDc, IncSeqlen, AccountSteps, Reserve, Rewind, Decode,
-                             PhysicalRows, CanRewindTo, GraphChain, StatusQuery>;
+                             PhysicalRows, CanRewindTo, GraphChain, StatusQuery, DraftStep, Verify,
+                             VerifyChain>;
 
 struct GenView;  ///< what a generator sees (harness/src/draw.hpp)
 class Draw;      ///< the random choices a generator makes (harness/src/draw.hpp)
@@ -192,6 +196,55 @@ struct StatusQuery {
   KVLAYER_HARNESS_COMMAND(StatusQuery);
 };
 
+/// A speculative draft step on the device counters (SPEC §11): append_rows_dc(w) of t rows,
+/// inc_seqlen(t), then the verify decode_rows_dc(w) of t queries drawn from seed. Accounting
+/// and accepting a prefix are the commands after it (its scenario draws them).
+struct DraftStep {
+  std::int64_t t;
+  std::uint64_t seed;
+  DataKind data;
+  bool windowed;
+  static constexpr std::string_view name = "draft_step";
+  static void fields(auto& c, auto& f) {
+    f.count("t", c.t, 0, 1024);
+    f.seed(c.seed);
+    f.data(c.data);
+    f.flag("windowed", c.windowed, "dcw", "dc");
+  }
+  /// reserve(t), the step, account_steps(t) and an accepted prefix: rewind(len + a).
+  static std::vector<Command> scenario(const GenView& v, Draw& d);
+  KVLAYER_HARNESS_COMMAND(DraftStep);
+};
+
+/// A host-len verify decode_rows of t queries drawn from seed (SPEC §11).
+struct Verify {
+  std::int64_t t;
+  std::uint64_t seed;
+  static constexpr std::string_view name = "decode_rows";
+  static void fields(auto& c, auto& f) {
+    f.count("t", c.t, 0, 1024);
+    f.seed(c.seed);
+  }
+  KVLAYER_HARNESS_COMMAND(Verify);
+};
+
+/// A captured verify chain (SPEC §11): append_rows_dc(w) of t rows → inc_seqlen(t) →
+/// decode_rows_dc(w) of t queries, captured once; then per round: reserve(t), one replay with
+/// fresh drafts and queries, account_steps(t), and an accepted prefix kept by rewind.
+struct VerifyChain {
+  std::int64_t rounds, t;
+  std::uint64_t seed;
+  bool windowed;
+  static constexpr std::string_view name = "verify_chain";
+  static void fields(auto& c, auto& f) {
+    f.count("rounds", c.rounds, 0, 256);
+    f.count("t", c.t, 1, 64);
+    f.seed(c.seed);
+    f.flag("windowed", c.windowed, "dcw", "dc");
+  }
+  KVLAYER_HARNESS_COMMAND(VerifyChain);
+};
+
 #undef KVLAYER_HARNESS_COMMAND
 
 /// A whole case: a layer and the commands run on it.
@@ -236,5 +289,7 @@ std::string describe(const Command& command);
 std::string kind_name(const Command& command);
 std::string data_kind_name(DataKind kind);
 std::string decode_variant_name(DecodeVariant variant);
+/// The verify decode entry point of a variant ("decode_rows", "decode_rows_dc", ...).
+std::string verify_variant_name(DecodeVariant variant);
 
 }  // namespace kvlayer::harness

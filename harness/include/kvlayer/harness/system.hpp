@@ -30,6 +30,9 @@ class System {
   virtual void append(const HostRows& rows) = 0;
   virtual void append_dc(const HostRows& one_row, bool windowed) = 0;
   virtual void inc_seqlen() = 0;
+  /// SPEC §11: append_rows_dc(w) of rows.n rows, inc_seqlen(t).
+  virtual void append_rows_dc(const HostRows& rows, bool windowed) = 0;
+  virtual void inc_seqlen(int t) = 0;
   virtual void account_steps(std::int64_t k) = 0;
   virtual void reserve(std::int64_t k) = 0;
   virtual void rewind(std::int64_t to) = 0;
@@ -38,6 +41,17 @@ class System {
   virtual bool can_rewind_to(std::int64_t p) = 0;
   /// Output [n_q_heads × head_dim_v], poisoned with kPoisonBits before the decode ran.
   virtual std::vector<float> decode(DecodeVariant variant, std::span<const float> q) = 0;
+  /// A verify decode of t queries (q [t, n_q_heads, head_dim_k]); output [t, n_q_heads,
+  /// head_dim_v], poisoned with kPoisonBits before the decode ran.
+  virtual std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q,
+                                         int t) = 0;
+  /// Captures append_rows_dc(w) of t rows → inc_seqlen(t) → decode_rows_dc(w) of t queries
+  /// once; then per round r: reserve(t), the inputs written into the captured buffers, one
+  /// replay, account_steps(t), and rewind(len − t + accepted[r]) when accepted[r] < t.
+  /// Returns each round's output (poisoned before each replay).
+  virtual std::vector<std::vector<float>> verify_chain(
+      const std::vector<HostRows>& drafts, const std::vector<std::vector<float>>& queries,
+      const std::vector<std::int64_t>& accepted, int t, bool windowed) = 0;
   /// Captures one step (append_dc(w) → inc_seqlen → decode_dc(w)) once and replays it once per
   /// entry of rows/queries, writing the inputs into the captured buffers; returns each step's
   /// output (poisoned before each replay).
@@ -53,6 +67,8 @@ class System {
   virtual Snapshot snapshot() = 0;
   /// The decode launch shape that enters the accuracy bound.
   virtual kvlayer::AccumulationShape accumulation_shape(DecodeVariant variant) = 0;
+  /// The launch shape of a verify decode of t queries (every row's bound).
+  virtual kvlayer::AccumulationShape verify_accumulation_shape(int t) = 0;
 };
 
 }  // namespace kvlayer::harness
