@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -235,6 +236,51 @@ TEST(CudaVerify, CapturedDraftVerifyStepReplays) {
       ref.rewind(keep);
     }
     EXPECT_TRUE(gpu.status().ok()) << gpu.status().message();
+  }
+}
+
+/// A bad block in a draft row poisons exactly the verify rows whose own views hold it (SPEC
+/// §11): the queries before it stay finite and within their bounds, although the tile they
+/// share holds the bad block's NaN values (V bad: the masked keys take no part in PV at all).
+TEST(CudaVerify, BadDraftRowPoisonsOnlyTheRowsThatSeeIt) {
+  KVLAYER_REQUIRE_GPU();
+  Stream stream;
+  Rng rng(0xBAD5);
+  for (const Plane bad_plane : {Plane::k, Plane::v}) {
+    for (const Geometry& g : {flat(2, 128, 200), flat(1, 64, 200, 40)}) {
+      SCOPED_TRACE(g.describe() + (bad_plane == Plane::k ? " bad K" : " bad V"));
+      const int T = 7, bad_row = 4, nq = g.n_kv_heads * 4;
+      cuda::KvLayer gpu(g, nq, stream.get());
+      ref::KvLayer ref(g);
+      const HostRows prefill = make_rows(g, 90, DType::f32, Fill::random, rng);
+      HostRows draft = make_rows(g, T, DType::f32, Fill::random, rng);
+      std::vector<float>& x = bad_plane == Plane::k ? draft.k : draft.v;
+      const std::int64_t dim = bad_plane == Plane::k ? g.kv_dim_k() : g.kv_dim_v();
+      x[std::size_t(bad_row * dim + 5)] = std::numeric_limits<float>::quiet_NaN();
+      draft = encode_rows(draft.k, draft.v, T, DType::f32);
+      for (const HostRows* r : {&prefill, const_cast<const HostRows*>(&draft)}) {
+        const DeviceRows d(*r);
+        gpu.append(d.view);
+        ref.append(r->view());
+      }
+      ASSERT_FALSE(gpu.status().ok()) << "the bad block was not recorded";
+      gpu.clear_status();
+      ref.clear_status();
+      double worst = 0;
+      check_verify_here(gpu, ref, T, rng, stream.get(), worst);
+      // Rows before the bad one are finite (check_verify_here compared them with the reference).
+      DeviceFloats q(std::size_t(T) * nq * g.head_dim_k), out(std::size_t(T) * nq * g.head_dim_v);
+      q.upload(random_queries(T, nq, g.head_dim_k, rng));
+      out.poison(stream.get());
+      gpu.decode_rows(q.get(), out.get(), T);
+      const std::vector<float> got = out.download(stream.get());
+      const std::size_t row = std::size_t(nq) * g.head_dim_v;
+      for (int i = 0; i < T; ++i) {
+        bool any_nan = false;
+        for (std::size_t e = 0; e < row; ++e) any_nan = any_nan || std::isnan(got[i * row + e]);
+        EXPECT_EQ(any_nan, i >= bad_row) << "row " << i;
+      }
+    }
   }
 }
 

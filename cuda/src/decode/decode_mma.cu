@@ -133,6 +133,12 @@ __device__ __forceinline__ void int8x4_to_f16x2x2(unsigned w, unsigned& lo, unsi
   hi = int8_pair_to_f16x2(u, 1);
 }
 
+/// True when the q5_1 block with header word `dm` (d | m << 16) is a canonical bad block (a
+/// non-finite d or m: its values are NaN, SPEC §3).
+__device__ __forceinline__ bool v_block_not_finite(unsigned dm) {
+  return (dm & 0x7c00u) == 0x7c00u || (dm & 0x7c000000u) == 0x7c000000u;
+}
+
 /// True when some value of the q5_1 block with header word `dm` (d | m << 16) may exceed
 /// fp16's range (|d·q + m| ≤ |d|·31 + |m|, exact enough in f32). NaN headers give false: the
 /// fp16 path propagates them as the f32 path would.
@@ -142,11 +148,14 @@ __device__ __forceinline__ bool v_block_exceeds_f16(unsigned dm) {
 
 /// PV of one 16-key warp tile on the CUDA cores, in f32, into the mma C-fragment accumulators:
 /// o[4b + jj][2r + e] (row g + 8r, column 32b + 8jj + 2t + e) += Σ_k p[row][k]·V[k][column],
-/// keys in order, p unrounded, V at its exact f32 value (SPEC §4; accuracy.hpp (3)).
+/// keys in order, p unrounded, V at its exact f32 value (SPEC §4; accuracy.hpp (3)), over the
+/// keys k that attends(r, k) admits for row g + 8r (a verify row skips the keys outside its
+/// view, whose V may be a bad block's NaN: 0·NaN would poison the row).
 /// pr holds this lane's p in the C layout: pr[nt][2r + e] is key 8nt + 2t + e of row g + 8r.
-template <int NB, int kC, int kVStride>
+template <int NB, int kC, int kVStride, typename Attends>
 __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float (&pr)[2][kC],
-                                            const std::uint8_t* vs_base, int lane) {
+                                            const std::uint8_t* vs_base, int lane,
+                                            const Attends& attends) {
   constexpr int R = kC / 2;
   const int t = lane & 3;
 #pragma unroll 1
@@ -175,8 +184,9 @@ __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float 
           const float v = __fadd_rn(__fmul_rn(d, float(q)), m);
 #pragma unroll
           for (int r = 0; r < R; ++r)
-            o[4 * b + jj][2 * r + e] =
-                pv_accumulator(fmaf(pk[r], v, o[4 * b + jj][2 * r + e]), MutantSite::decode_mma);
+            if (attends(r, k))
+              o[4 * b + jj][2 * r + e] =
+                  pv_accumulator(fmaf(pk[r], v, o[4 * b + jj][2 * r + e]), MutantSite::decode_mma);
         }
       // NOTE: keeps the next block's loads from being hoisted here: on this rare path,
       // registers matter more than latency (the hot loop around it must not spill).
@@ -455,15 +465,32 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
     // The tile's 16·NB block headers, NB / 2 per lane (header i = lane + 32r: key i % 16,
     // block i / 16), then one vote.
-    bool wide = false;
+    // A verify tile whose keys some row does not attend and which holds a bad V block takes
+    // the f32 path too, skipping each row's masked keys (rare: bad blocks at a view's edge).
+    bool wide = false, bad = false;
 #pragma unroll
     for (int r = 0; r < NB / 2; ++r) {
       const int i = lane + 32 * r;
-      wide = wide || v_block_exceeds_f16(*reinterpret_cast<const unsigned*>(
-                         vs_base + (i % 16) * S::kVStride + 24 * (i / 16)));
+      const unsigned dm =
+          *reinterpret_cast<const unsigned*>(vs_base + (i % 16) * S::kVStride + 24 * (i / 16));
+      wide = wide || v_block_exceeds_f16(dm);
+      if constexpr (kRows) bad = bad || v_block_not_finite(dm);
     }
-    if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
-      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane);
+    bool masked_bad = false;
+    if constexpr (kRows) {
+      bool partial = false;  // some valid key of the tile outside one of this lane's rows' views
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        partial = partial || (row_hi[r] > row_lo[r] &&
+                              (row_lo[r] > key0 || row_hi[r] < key0 + valid));
+      masked_bad = __any_sync(kFullMask, bad) && __any_sync(kFullMask, partial);
+    }
+    if (masked_bad) {
+      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [&](int r, int k) {
+        return key0 + k >= row_lo[r] && key0 + k < row_hi[r];
+      });
+    } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
+      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [](int, int) { return true; });
     } else {
 // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
 #pragma unroll
