@@ -184,13 +184,8 @@ VerifyCase load_case(const json& c, Files& files) {
   return d;
 }
 
-constexpr std::size_t kMaxMessages = 12;
-
 void note(std::vector<std::string>& failures, const std::string& msg) {
-  if (failures.size() < kMaxMessages)
-    failures.push_back(msg);
-  else if (failures.size() == kMaxMessages)
-    failures.push_back("(further failures not listed)");
+  kvlayer::golden::note_failure(failures, msg);
 }
 
 struct State {
@@ -443,24 +438,10 @@ VerifyCheck check_verify(const VerifyCase& c) {
   for (auto [name, got, want, tok] :
        {std::tuple{"K", &layer.k_plane(), &c.k_plane, g.k_tok_bytes()},
         std::tuple{"V", &layer.v_plane(), &c.v_plane, g.v_tok_bytes()}}) {
-    r.plane_bytes += std::int64_t(want->size());
-    if (got->size() != want->size()) {
-      r.plane_byte_mismatches += std::int64_t(want->size());
-      note(r.failures, c.name + ": " + name + " plane has " + std::to_string(got->size()) +
-                           " bytes, golden " + std::to_string(want->size()));
-      continue;
-    }
-    std::int64_t first = -1, count = 0;
-    for (std::size_t b = 0; b < want->size(); ++b)
-      if ((*got)[b] != (*want)[b]) {
-        if (first < 0) first = std::int64_t(b);
-        ++count;
-      }
-    r.plane_byte_mismatches += count;
-    if (count)
-      note(r.failures, c.name + ": " + name + " plane: " + std::to_string(count) +
-                           " bytes differ, first at byte " + std::to_string(first) +
-                           " (physical row " + std::to_string(first / tok) + ")");
+    const kvlayer::golden::PlaneComparison p = kvlayer::golden::compare_plane(c.name, name, *got, *want, tok);
+    r.plane_bytes += p.bytes;
+    r.plane_byte_mismatches += p.mismatches;
+    if (p.failure) note(r.failures, *p.failure);
   }
   if (!layer.status().ok()) {
     ++r.op_failures;

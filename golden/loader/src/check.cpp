@@ -17,10 +17,7 @@ namespace {
 constexpr std::size_t kMaxMessages = 12;
 
 void note(std::vector<std::string>& failures, const std::string& msg) {
-  if (failures.size() < kMaxMessages)
-    failures.push_back(msg);
-  else if (failures.size() == kMaxMessages)
-    failures.push_back("(further failures not listed)");
+  note_failure(failures, msg);
 }
 
 std::string hex_bytes(const std::uint8_t* p, std::size_t n) {
@@ -130,6 +127,37 @@ QuantCheck check_quant(const QuantCase& c, const QuantFormat& f) {
             (want_first ? std::to_string(f.bad_blocks[0].block) : std::string("none")));
   }
   return r;
+}
+
+void note_failure(std::vector<std::string>& failures, const std::string& message) {
+  if (failures.size() < kMaxMessages)
+    failures.push_back(message);
+  else if (failures.size() == kMaxMessages)
+    failures.push_back("(further failures not listed)");
+}
+
+PlaneComparison compare_plane(const std::string& case_name, const char* plane,
+                              const std::vector<std::uint8_t>& got,
+                              const std::vector<std::uint8_t>& golden, std::int64_t tok_bytes) {
+  PlaneComparison p;
+  p.bytes = std::int64_t(golden.size());
+  if (got.size() != golden.size()) {
+    p.mismatches = p.bytes;
+    p.failure = case_name + ": " + plane + " plane has " + std::to_string(got.size()) +
+                " bytes, golden " + std::to_string(golden.size());
+    return p;
+  }
+  std::int64_t first = -1;
+  for (std::size_t b = 0; b < golden.size(); ++b)
+    if (got[b] != golden[b]) {
+      if (first < 0) first = std::int64_t(b);
+      ++p.mismatches;
+    }
+  if (p.mismatches)
+    p.failure = case_name + ": " + plane + " plane: " + std::to_string(p.mismatches) +
+                " bytes differ, first at byte " + std::to_string(first) + " (physical row " +
+                std::to_string(first / tok_bytes) + ")";
+  return p;
 }
 
 DecodeCheck check_decode(const DecodeCase& c) {
@@ -252,24 +280,10 @@ DecodeCheck check_decode(const DecodeCase& c) {
   for (auto [name, got, want, tok] :
        {std::tuple{"K", &layer->k_plane(), &c.k_plane, c.geometry.k_tok_bytes()},
         std::tuple{"V", &layer->v_plane(), &c.v_plane, c.geometry.v_tok_bytes()}}) {
-    r.plane_bytes += std::int64_t(want->size());
-    if (got->size() != want->size()) {
-      r.plane_byte_mismatches += std::int64_t(want->size());
-      note(r.failures, c.name + ": " + name + " plane has " + std::to_string(got->size()) +
-                           " bytes, golden " + std::to_string(want->size()));
-      continue;
-    }
-    std::int64_t first = -1, count = 0;
-    for (std::size_t b = 0; b < want->size(); ++b)
-      if ((*got)[b] != (*want)[b]) {
-        if (first < 0) first = std::int64_t(b);
-        ++count;
-      }
-    r.plane_byte_mismatches += count;
-    if (count)
-      note(r.failures, c.name + ": " + name + " plane: " + std::to_string(count) +
-                           " bytes differ, first at byte " + std::to_string(first) +
-                           " (physical row " + std::to_string(first / tok) + ")");
+    const PlaneComparison p = compare_plane(c.name, name, *got, *want, tok);
+    r.plane_bytes += p.bytes;
+    r.plane_byte_mismatches += p.mismatches;
+    if (p.failure) note(r.failures, *p.failure);
   }
   const auto& de = layer->status().data_error;
   if (c.data_error.has_value() != de.has_value() ||

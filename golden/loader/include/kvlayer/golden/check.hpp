@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,5 +64,18 @@ struct DecodeCheck {
 /// Replays `c` on a fresh ref::KvLayer: every operation, its refusal or success, the state after
 /// it and a decode after it; then the final planes, len, base and the sticky data error.
 DecodeCheck check_decode(const DecodeCase& c);
+
+/// Appends a failure line, at most a dozen (then one "(further failures not listed)").
+void note_failure(std::vector<std::string>& failures, const std::string& message);
+
+/// A plane's bytes against the golden ones, byte for byte.
+struct PlaneComparison {
+  std::int64_t bytes = 0;              ///< golden bytes compared
+  std::int64_t mismatches = 0;         ///< bytes that differ (all of them when the sizes differ)
+  std::optional<std::string> failure;  ///< "<case>: <plane> plane: …" when any differ
+};
+PlaneComparison compare_plane(const std::string& case_name, const char* plane,
+                              const std::vector<std::uint8_t>& got,
+                              const std::vector<std::uint8_t>& golden, std::int64_t tok_bytes);
 
 }  // namespace kvlayer::golden
