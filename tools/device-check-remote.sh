@@ -17,22 +17,23 @@
 #   ORIGIN_ROOT  the repo root where the binaries were built: absolute source paths compiled
 #                into tests (and CTest files) point there, so it is linked to this checkout.
 # Environment: OUT (logs; default ./device-check-out), KVLAYER_TEST_TIMEOUT (s per binary,
-# default 240), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 300),
+# default 480), KVLAYER_SANITIZE_TIMEOUT (s per sanitizer step, default 300),
 # KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
-# (processes they are split over, default 1), KVLAYER_SANITIZE_SHARDS_<TOOL> (the same for one
-# tool; racecheck defaults to 16), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
+# (processes they are split over, default 8), KVLAYER_SANITIZE_SHARDS_<TOOL> (the same for one
+# tool), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
 # KVLAYER_SANITIZE_SEQUENTIAL=1 (the four tools one after another, for many shards),
-# KVLAYER_SANITIZE_MAX_SIZE_<TOOL> (commands in the largest model case under TOOL, default 150),
+# KVLAYER_SANITIZE_MAX_SIZE_<TOOL> (commands in the largest model case under TOOL, default 60;
+# racecheck 40),
 # KVLAYER_SANITIZE_<TOOL>_<BINARY> (a gtest filter overriding the built-in one).
 set -uo pipefail
 
 build=${1:-build-device}
 origin=${2:-}
 out=${OUT:-$PWD/device-check-out}
-test_timeout=${KVLAYER_TEST_TIMEOUT:-240}
+test_timeout=${KVLAYER_TEST_TIMEOUT:-480}  # test_model_cuda's 200 cases: ~6 min with §11 commands
 sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-300}
 sanitize_cases=${KVLAYER_SANITIZE_GPU_CASES:-25}  # model-based cases under each sanitizer
-sanitize_shards=${KVLAYER_SANITIZE_SHARDS:-1}     # processes they are split over, per tool
+sanitize_shards=${KVLAYER_SANITIZE_SHARDS:-8}     # processes they are split over, per tool
 sanitize_only=${KVLAYER_SANITIZE_ONLY:-0}         # 1: skip the plain test runs
 sanitize_sequential=${KVLAYER_SANITIZE_SEQUENTIAL:-0}  # 1: one tool at a time
 mkdir -p "$out"
@@ -183,15 +184,16 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
         [[ -n "$filter" ]] || continue
         if [[ ${b##*/} == test_model_cuda ]]; then
           # The random cases split over processes with their own seeds (the tool is slow).
-          # racecheck is the slowest tool: by default its cases are spread over 16 processes
-          # (25 cases of up to 150 commands in one process outran 330 s on the H200).
+          # With the verify chains (up to 12 rounds of 16 queries) one process of 25 cases of up
+          # to 150 commands outruns 300 s under every tool: 8 processes of ≥ 3 cases each, of at
+          # most 60 commands (racecheck, the slowest, 40); fewer cases per shard can hold no decode.
           shards_var="KVLAYER_SANITIZE_SHARDS_${tool^^}"
-          shards=${!shards_var:-$([[ $tool == racecheck ]] && echo 16 || echo "$sanitize_shards")}
+          shards=${!shards_var:-$sanitize_shards}
           for ((shard = 0; shard < shards; ++shard)); do
             size_var="KVLAYER_SANITIZE_MAX_SIZE_${tool^^}"
             run_step "$tool ${b##*/} shard $shard" "$work/logs/${tool}_${b##*/}_$shard.log" \
               "$sanitize_timeout" env KVLAYER_GPU_CASES=$(((sanitize_cases + shards - 1) / shards)) \
-              KVLAYER_GPU_SEED=$((20261129 + 7919 * shard)) KVLAYER_GPU_MAX_SIZE="${!size_var:-150}" \
+              KVLAYER_GPU_SEED=$((20261129 + 7919 * shard)) KVLAYER_GPU_MAX_SIZE="${!size_var:-$([[ $tool == racecheck ]] && echo 40 || echo 60)}" \
               compute-sanitizer --tool "$tool" --error-exitcode 1 \
               "$b" --gtest_color=no --gtest_filter="$filter" &
           done
