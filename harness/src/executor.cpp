@@ -234,28 +234,47 @@ Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::v
     return x;
   }
   // Reference only: a few elements of every row recomputed by the naive loop over the row's view.
-  const int nq = n_q_heads_;
-  const std::size_t q_row = std::size_t(nq) * std::size_t(g.head_dim_k);
-  const std::size_t out_row = std::size_t(nq) * std::size_t(g.head_dim_v);
+  const std::size_t q_row = std::size_t(n_q_heads_) * std::size_t(g.head_dim_k);
+  const std::size_t out_row = std::size_t(n_q_heads_) * std::size_t(g.head_dim_v);
   Rng pick(std::uint64_t(len) * 7919u + std::uint64_t(t));
-  for (std::int64_t i = 0; i < t; ++i) {
+  for (std::int64_t i = 0; i < t && !x.self_check; ++i) {
     const std::vector<float> qi(q.begin() + std::ptrdiff_t(i * q_row),
                                 q.begin() + std::ptrdiff_t((i + 1) * q_row));
-    const ref::DecodeView& view = views[std::size_t(i)];
-    for (int k = 0; k < 2; ++k) {
-      const int h = int(pick.range(0, nq - 1)), e = int(pick.range(0, g.head_dim_v - 1));
-      const double want = naive_output(model_, qi, nq, h, e, view.begin, view.end, view.base);
-      const double got = (*x.out)[std::size_t(i) * out_row + std::size_t(h * g.head_dim_v + e)];
-      const double tol = 1e-12 * (1.0 + std::fabs(want)) * double(view.end - view.begin + 1);
-      if (!(std::fabs(want - got) <= tol) && !(std::isnan(want) && std::isnan(got))) {
-        x.self_check = x.name + ": reference row " + std::to_string(i) + " output [" +
-                       std::to_string(h) + "," + std::to_string(e) + "] = " + std::to_string(got) +
-                       ", naive float64 " + std::to_string(want);
-        return x;
-      }
-    }
+    if (auto d = naive_mismatch(qi, views[std::size_t(i)], x.out->data() + i * out_row, pick, 2))
+      x.self_check = x.name + ": reference row " + std::to_string(i) + " " + *d;
   }
+  ++stats_.decodes_compared;
   return x;
+}
+
+std::optional<std::string> Sides::verify_both(DecodeVariant variant, const std::vector<float>& q,
+                                              std::int64_t t) {
+  const auto m = attempt([&] { return model_decode_rows(variant, q, t); });
+  if (!m.value) ++stats_.refused;
+  std::optional<Expectation> x;
+  if (m.value) x = expect_decode_rows(variant, q, t, *m.value);
+  if (x && x->self_check) return x->self_check;
+  if (!system_) return std::nullopt;
+  const auto out = attempt([&] { return system_->decode_rows(variant, q, int(t)); });
+  if (auto d = compare_refusal(m, out)) return d;
+  if (x) return check_decode(*x, *out.value);
+  return std::nullopt;
+}
+
+std::optional<std::string> Sides::naive_mismatch(const std::vector<float>& q,
+                                                 const ref::DecodeView& view, const double* out,
+                                                 Rng& pick, int count) const {
+  const Geometry& g = geometry_;
+  for (int i = 0; i < count; ++i) {
+    const int h = int(pick.range(0, n_q_heads_ - 1)), e = int(pick.range(0, g.head_dim_v - 1));
+    const double want = naive_output(model_, q, n_q_heads_, h, e, view.begin, view.end, view.base);
+    const double got = out[std::size_t(h * g.head_dim_v + e)];
+    const double tol = 1e-12 * (1.0 + std::fabs(want)) * double(view.end - view.begin + 1);
+    if (!(std::fabs(want - got) <= tol) && !(std::isnan(want) && std::isnan(got)))
+      return "output [" + std::to_string(h) + "," + std::to_string(e) + "] = " +
+             std::to_string(got) + " but the naive float64 loop gives " + std::to_string(want);
+  }
+  return std::nullopt;
 }
 
 void Sides::model_append_dc(const HostRows& row, bool windowed) {
@@ -376,20 +395,9 @@ Sides::Expectation Sides::expect_decode(DecodeVariant variant, const std::vector
     return x;
   }
   // Reference only: recompute a few elements with an independent naive loop.
-  const int nq = n_q_heads_;
   Rng pick(std::uint64_t(view.end) * 7919u + std::uint64_t(view.begin));
-  for (int i = 0; i < 4; ++i) {
-    const int h = int(pick.range(0, nq - 1)), e = int(pick.range(0, g.head_dim_v - 1));
-    const double want = naive_output(model_, q, nq, h, e, view.begin, view.end, view.base);
-    const double got = (*x.out)[std::size_t(h * g.head_dim_v + e)];
-    const double tol = 1e-12 * (1.0 + std::fabs(want)) * double(view.end - view.begin + 1);
-    if (!(std::fabs(want - got) <= tol) && !(std::isnan(want) && std::isnan(got))) {
-      x.self_check = x.name + ": reference output [" + std::to_string(h) + "," +
-                     std::to_string(e) + "] = " + std::to_string(got) +
-                     " but the naive float64 loop gives " + std::to_string(want);
-      break;
-    }
-  }
+  if (auto d = naive_mismatch(q, view, x.out->data(), pick, 4))
+    x.self_check = x.name + ": reference " + *d;
   ++stats_.decodes_compared;
   return x;
 }

@@ -140,6 +140,11 @@ class Sides {
   Expectation expect_decode_rows(DecodeVariant variant, const std::vector<float>& q,
                                  std::int64_t t, std::optional<std::vector<double>> out);
 
+  /// A verify decode of t queries on the model and the system: both refuse alike, or the
+  /// system's rows lie within their bounds (reference-only: the model's spot check).
+  std::optional<std::string> verify_both(DecodeVariant variant, const std::vector<float>& q,
+                                         std::int64_t t);
+
   /// The expectation of a decode the model just ran (out: its output); reference-only, a few
   /// of its elements are recomputed by a naive float64 loop instead.
   Expectation expect_decode(DecodeVariant variant, const std::vector<float>& q,
@@ -153,6 +158,11 @@ class Sides {
 
  private:
   std::optional<std::string> check_model_invariants();
+  /// count random elements of out (one query's [n_q_heads, head_dim_v] output over view)
+  /// recomputed by the naive float64 loop; the first that differs, described.
+  std::optional<std::string> naive_mismatch(const std::vector<float>& q,
+                                            const ref::DecodeView& view, const double* out,
+                                            Rng& pick, int count) const;
 
   Geometry geometry_;
   DType dtype_;

@@ -52,18 +52,8 @@ std::optional<std::string> DraftStep::run(Sides& s) const {
   o = s.both([&] { s.model().inc_seqlen(int(t)); }, [&] { s.system()->inc_seqlen(int(t)); });
   if (o.diff || !o.accepted) return o.diff;
 
-  const auto variant = windowed ? DecodeVariant::dcw : DecodeVariant::dc;
-  const auto q = s.queries(t, seed ^ 0x9E3779B97F4A7C15ull);
-  const auto m = attempt([&] { return s.model_decode_rows(variant, q, t); });
-  if (!m.value) ++s.stats().refused;
-  std::optional<Sides::Expectation> x;
-  if (m.value) x = s.expect_decode_rows(variant, q, t, *m.value);
-  if (x && x->self_check) return x->self_check;
-  if (!s.system()) return std::nullopt;
-  const auto out = attempt([&] { return s.system()->decode_rows(variant, q, int(t)); });
-  if (auto d = compare_refusal(m, out)) return d;
-  if (x) return s.check_decode(*x, *out.value);
-  return std::nullopt;
+  return s.verify_both(windowed ? DecodeVariant::dcw : DecodeVariant::dc,
+                       s.queries(t, seed ^ 0x9E3779B97F4A7C15ull), t);
 }
 
 }  // namespace kvlayer::harness

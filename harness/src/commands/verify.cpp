@@ -26,17 +26,8 @@ Verify Verify::gen(const GenView& v, Draw& d) {
 void Verify::apply(ref::KvLayer&) const {}
 
 std::optional<std::string> Verify::run(Sides& s) const {
-  const auto q = s.queries(std::clamp<std::int64_t>(t, 0, 1024), seed);
-  const auto m = attempt([&] { return s.model_decode_rows(DecodeVariant::host, q, t); });
-  if (!m.value) ++s.stats().refused;
-  std::optional<Sides::Expectation> x;
-  if (m.value) x = s.expect_decode_rows(DecodeVariant::host, q, t, *m.value);
-  if (x && x->self_check) return x->self_check;
-  if (!s.system()) return std::nullopt;
-  const auto out = attempt([&] { return s.system()->decode_rows(DecodeVariant::host, q, int(t)); });
-  if (auto d = compare_refusal(m, out)) return d;
-  if (x) return s.check_decode(*x, *out.value);
-  return std::nullopt;
+  return s.verify_both(DecodeVariant::host, s.queries(std::clamp<std::int64_t>(t, 0, 1024), seed),
+                       t);
 }
 
 }  // namespace kvlayer::harness
