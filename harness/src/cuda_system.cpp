@@ -77,21 +77,13 @@ class CudaSystem final : public System {
     // Captured per chain: T and the variant are fixed at capture (SPEC §11).
     DeviceBuffer k(drafts.front().k_bytes.size()), v(drafts.front().v_bytes.size());
     DeviceBuffer q(queries.front().size() * sizeof(float)), out(n * sizeof(float));
-    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
-    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
     const cuda::RowsView view{k.get(), v.get(), t, drafts.front().dtype};
-    try {
+    const cuda::Graph graph = capture_graph([&] {
       windowed ? layer_.append_rows_dcw(view) : layer_.append_rows_dc(view);
       layer_.inc_seqlen(t);
       windowed ? layer_.decode_rows_dcw(q.as<float>(), out.as<float>(), t)
                : layer_.decode_rows_dc(q.as<float>(), out.as<float>(), t);
-    } catch (...) {
-      cudaGraph_t g = nullptr;
-      (void)cudaStreamEndCapture(stream(), &g);
-      if (g) (void)cudaGraphDestroy(g);
-      throw;
-    }
-    const cuda::Graph graph = cuda::Graph::end_capture(stream());
+    });
     const std::vector<float> poison(n, std::bit_cast<float>(kPoisonBits));
     std::vector<std::vector<float>> outputs;
     for (std::size_t r = 0; r < drafts.size(); ++r) {
@@ -163,6 +155,23 @@ class CudaSystem final : public System {
  private:
   cudaStream_t stream() const { return layer_.stream(); }
 
+  /// The calls f enqueues on the layer's stream, captured into a graph; a call that throws
+  /// ends the capture (and drops its partial graph) before the error propagates.
+  template <typename F>
+  cuda::Graph capture_graph(F&& f) {
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+    try {
+      f();
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(stream(), &g);
+      if (g) (void)cudaGraphDestroy(g);
+      throw;
+    }
+    return cuda::Graph::end_capture(stream());
+  }
+
   cuda::RowsView stage(const HostRows& rows) {
     void* dk = Shared::ensure(shared().k, rows.k_bytes.size());
     void* dv = Shared::ensure(shared().v, rows.v_bytes.size());
@@ -206,21 +215,13 @@ class CudaSystem final : public System {
     chain_v_ = DeviceBuffer(row.v_bytes.size());
     chain_q_ = DeviceBuffer(q.size() * sizeof(float));
     chain_out_ = DeviceBuffer(poison_.size() * sizeof(float));
-    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
-    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
     const cuda::RowsView view{chain_k_.get(), chain_v_.get(), 1, row.dtype};
-    try {
+    graph_ = capture_graph([&] {
       windowed ? layer_.append_dcw(view) : layer_.append_dc(view);
       layer_.inc_seqlen();
       windowed ? layer_.decode_dcw(chain_q_.as<float>(), chain_out_.as<float>())
                : layer_.decode_dc(chain_q_.as<float>(), chain_out_.as<float>());
-    } catch (...) {
-      cudaGraph_t g = nullptr;
-      (void)cudaStreamEndCapture(stream(), &g);
-      if (g) (void)cudaGraphDestroy(g);
-      throw;
-    }
-    graph_ = cuda::Graph::end_capture(stream());
+    });
     graph_windowed_ = windowed;
     captured_ = true;
   }
