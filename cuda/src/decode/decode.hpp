@@ -63,8 +63,8 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
 /// The most queries a verify decode takes (query rows per KV head: up to 16 × 16).
 inline constexpr int kMaxVerify = 64;
 
-/// Query-row chunks of a verify decode of T queries (blockIdx.z): 16 rows each, one when all
-/// T·gqa rows fit one mma tile.
+/// Row blocks of a verify decode of T queries (blockIdx.z): kVerifyRowsPerBlock (64) query rows
+/// each, one when all T·gqa rows fit one block (T = 1: the decode's grid).
 int verify_row_chunks(const DecodePlan& plan, int T);
 
 /// Splits along the keys of a verify decode of T queries.

@@ -195,7 +195,7 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   SplitRange r{};
   const int split = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x;
   const int rows = query_rows(p.view.queries, p.gqa);
-  const int rows_per_block = gridDim.z == 1 ? rows : (rows + gridDim.z - 1) / gridDim.z;
+  const int rows_per_block = verify_rows_per_block(rows, int(gridDim.z));
   r.row0 = blockIdx.z * rows_per_block;
   r.nrows = rows - r.row0 < rows_per_block ? rows - r.row0 : rows_per_block;
   const View view = resolve_view(p.view, site);
@@ -232,36 +232,41 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
 /// kWarps warps' online-softmax states into the split's partial, in f32, warps in order:
 /// m = max_w m_w, weight_w = exp2f((m_w − m)·log2e) (exactly 1 for the max), l = Σ l_w·weight_w,
 /// o = Σ o_w·weight_w, for the block's r.nrows rows. m_s, l_s, w_s hold [warp][row] at row
-/// stride `heads`; o_s [warp][row] rows of `o_stride` floats. Call after a __syncthreads that
-/// made m_s, l_s and o_s visible.
-template <int kWarps, int kThreads>
+/// stride `heads`; o_s [warp][row] rows of `o_stride` floats. With kChunks > 1 (a verify
+/// block, heads = 16) warp w holds rows 16·(w % chunks) .. + 16, so block row R is merged over
+/// the kWarps / kChunks warps R / 16 + kChunks·k. Call after a __syncthreads that made m_s, l_s
+/// and o_s visible.
+template <int kWarps, int kThreads, int kChunks = 1>
 __device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int head_dim,
                                                          int heads, const float* m_s,
                                                          const float* l_s, float* w_s,
                                                          const float* o_s, int o_stride) {
-  const int tid = threadIdx.x, gqa = r.nrows;
-  if (tid < gqa) {
+  constexpr int chunks = kChunks, lanes = kWarps / kChunks;
+  const int tid = threadIdx.x, rows = r.nrows;
+  // Slot (warp, row) of lane k of block row R.
+  const auto slot = [&](int k, int R) { return (R / heads + chunks * k) * heads + R % heads; };
+  if (tid < rows) {
     float top = kNegSentinel;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w * heads + tid]);
+    for (int k = 0; k < lanes; ++k) top = fmaxf(top, m_s[slot(k, tid)]);
     float den = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = m_s[w * heads + tid];
+    for (int k = 0; k < lanes; ++k) {
+      const float mw = m_s[slot(k, tid)];
       const float wt = mw == top ? 1.0f : exp2f((mw - top) * kLog2e);
-      w_s[w * heads + tid] = wt;
-      den = fmaf(l_s[w * heads + tid], wt, den);
+      w_s[slot(k, tid)] = wt;
+      den = fmaf(l_s[slot(k, tid)], wt, den);
     }
     r.m[tid] = top;
     r.l[tid] = den;
   }
   __syncthreads();
-  for (int i = tid; i < gqa * head_dim; i += kThreads) {
+  for (int i = tid; i < rows * head_dim; i += kThreads) {
     const int h = i / head_dim, col = i % head_dim;
     float num = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w)
-      num = fmaf(o_s[(w * heads + h) * o_stride + col], w_s[w * heads + h], num);
+    for (int k = 0; k < lanes; ++k)
+      num = fmaf(o_s[slot(k, h) * o_stride + col], w_s[slot(k, h)], num);
     r.o[i] = num;
   }
 }

@@ -230,11 +230,15 @@ struct ChunkWalk {
   }
 };
 
-/// One block per (split, KV head) — and, for a verify decode of more than 16 query rows, per
-/// 16 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
+/// One block per (split, KV head) — and, for a verify decode of more than 64 query rows, per
+/// 64 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
 /// are padding and skipped; else 16). kRows: a verify decode (SPEC §11): the block's row r is
-/// query r / gqa, which attends only the keys of its own causal window.
-template <int D, int GM, bool kRows>
+/// query r / gqa, which attends only the keys of its own causal window. kChunks (verify): the
+/// block's rows in chunks of 16, one per warp; warp w holds chunk w % kChunks and consumes the
+/// 16-key tiles w / kChunks + (4 / kChunks)·u of every staged 64-key stage, so every chunk
+/// reads the block's one staged copy of each key (stages then are block-wide: one barrier
+/// each). kChunks 1 is the decode's structure: every warp its own tiles and pipeline.
+template <int D, int GM, bool kRows, int kChunks = 1>
 __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     decode_split_mma_kernel(const SplitParams p) {
   using S = MmaShape<D>;
@@ -249,6 +253,11 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
   const int G = p.gqa;
+  static_assert(kChunks == 1 || kChunks == 2 || kChunks == 4);
+  static_assert(kChunks == 1 || (kRows && GM == 16));
+  constexpr int kLanes = kWarps / kChunks;  // warps sharing a chunk's rows (key lanes)
+  const int chunk = warp % kChunks, key_lane = warp / kChunks;
+  const int crow0 = 16 * chunk;  // the warp's first row within the block's rows
 
   const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, MutantSite::decode_mma);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
@@ -267,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 #pragma unroll
         for (int r = 0; r < (kHi ? 4 : 2); ++r) {
           // Register r (compact for GM 8: 0 → a0, 1 → a2).
-          const int row = g + (kHi ? 8 * (r & 1) : 0);
+          const int row = crow0 + g + (kHi ? 8 * (r & 1) : 0);
           const int h = kHi ? r >> 1 : r;
           const float* q_row =
               kRows ? p.q + query_row_index(range.row0 + row, kv, G, n_kv) * D : q_kv + row * D;
@@ -291,6 +300,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const long long n_keys = hi - lo;
   const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);                 // warp tiles
   const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;  // this warp's
+  // Stages this warp consumes: its own tiles (kChunks 1), or every 64-key stage of the split.
+  const int n_iter = kChunks == 1 ? my_tiles : (n_wt + kWarps - 1) / kWarps;
   std::uint8_t* wsmem = smem + warp * kStages * S::kStageBytes;
 
   // This lane's copy walks: chunk c = lane + 32·r of a tile is (key c / n, chunk c % n) for
@@ -315,7 +326,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       for (ChunkWalk w = v_walk; w.key < valid; w.next(S::kVChunks))
         cp_async<16>(vd + w.dst, vs + w.src);
       if (valid < kWK) {
-        // Plain stores; ordered before the reads by the __syncwarp of the consuming iteration.
+        // Plain stores; ordered before the reads by the __syncwarp (kChunks > 1:
+        // __syncthreads) of the consuming iteration.
         for (int c = valid * S::kKStride / 4 + lane; c < kWK * S::kKStride / 4; c += 32)
           reinterpret_cast<unsigned*>(kd)[c] = 0u;
         for (int c = valid * S::kVStride / 4 + lane; c < kWK * S::kVStride / 4; c += 32)
@@ -333,7 +345,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   if constexpr (kRows) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int row = g + 8 * r;
+      const int row = crow0 + g + 8 * r;
       row_lo[r] = 0;
       row_hi[r] = 0;
       if (row < range.nrows) {
@@ -358,14 +370,25 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(s);
 
-  for (int i = 0; i < my_tiles; ++i) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of tile i have landed
-    __syncwarp();                  // every lane's have; every lane finished tile i − 1
-    issue(i + kStages - 1);        // reuses the stage of tile i − 1
+  for (int i = 0; i < n_iter; ++i) {
+    cp_async_wait<kStages - 2>();  // this lane's copies of stage i have landed
+    // Every lane's (kChunks > 1: every warp's) have; all finished stage i − 1.
+    if constexpr (kChunks == 1)
+      __syncwarp();
+    else
+      __syncthreads();
+    issue(i + kStages - 1);  // reuses the stage of tile i − 1
 
-    const std::uint8_t* ks_base = wsmem + (i % kStages) * S::kStageBytes;
+#pragma unroll 1
+  for (int u = 0; u < kChunks; ++u) {
+    // The warp tile consumed: the warp's own (kChunks 1), else tile key_lane + kLanes·u of the
+    // stage, copied by warp j into its region; warp-uniform, in key order.
+    const int j = kChunks == 1 ? warp : key_lane + kLanes * u;
+    const long long key0 = lo + (long long)(j + kWarps * i) * kWK;
+    if (key0 >= hi) break;
+    const std::uint8_t* ks_base =
+        smem + (j * kStages + i % kStages) * S::kStageBytes;
     const std::uint8_t* vs_base = ks_base + S::kKRegion;
-    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
     const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
 
     // ---- QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index). ----
@@ -525,6 +548,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
         }
       }
     }
+  }  // u
   }
   cp_async_wait<0>();  // only empty groups can remain; keep the block's exit clean anyway
 
@@ -555,31 +579,33 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           make_float2(o[j][2 * r], o[j][2 * r + 1]);
     }
   __syncthreads();
-  merge_warps_into_partial<kWarps, kThreads>(range, D, 16, m_s, l_s, w_s, o_s, S::kOStride);
+  merge_warps_into_partial<kWarps, kThreads, kChunks>(range, D, 16, m_s, l_s, w_s, o_s,
+                                                      S::kOStride);
 }
 
-/// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows> needs: the dynamic
+/// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows, kChunks> needs: the dynamic
 /// shared-memory opt-in where its stages exceed 48 KB, nothing otherwise.
 /// NOTE: the launch and the occupancy query (mma_split_resident_blocks) both apply exactly this,
 /// so a query never enables more than a launch would: the opt-in is per process, and a query
 /// that set it would let a launch succeed in that process that fails in a fresh one.
-template <int D, int GM, bool kRows = false>
+template <int D, int GM, bool kRows = false, int kChunks = 1>
 cudaError_t apply_launch_attributes() {
   constexpr int smem = MmaShape<D>::kSmemBytes;
   if constexpr (smem > 48 * 1024) {
     // Not a stream operation (legal while capturing); set per launch so every device the
     // process uses gets it.
-    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM, kRows>,
+    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM, kRows, kChunks>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   return cudaSuccess;
 }
 
-template <int D, int GM, bool kRows = false>
+template <int D, int GM, bool kRows = false, int kChunks = 1>
 cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  if (const cudaError_t err = apply_launch_attributes<D, GM, kRows>(); err != cudaSuccess)
+  if (const cudaError_t err = apply_launch_attributes<D, GM, kRows, kChunks>(); err != cudaSuccess)
     return err;
-  decode_split_mma_kernel<D, GM, kRows><<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
+  decode_split_mma_kernel<D, GM, kRows, kChunks>
+      <<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
   return cudaGetLastError();
 }
 
@@ -596,18 +622,28 @@ cudaError_t launch_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream
   return sp.gqa <= 8 ? launch<D, 8>(sp, grid, stream) : launch<D, 16>(sp, grid, stream);
 }
 
-/// A verify decode: 16 query rows per block (8 when all of them fit).
+/// A verify decode of T ≥ 2 queries: the block's rows (verify_rows_per_block) in 1, 2 or 4
+/// chunks of 16.
 template <int D>
 cudaError_t launch_rows_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  return query_rows(sp.view.queries, sp.gqa) <= 8 ? launch<D, 8, true>(sp, grid, stream)
-                                                  : launch<D, 16, true>(sp, grid, stream);
+  const int rows = verify_rows_per_block(query_rows(sp.view.queries, sp.gqa), int(grid.z));
+  switch (verify_block_chunks(rows)) {
+    case 1:
+      return launch<D, 16, true, 1>(sp, grid, stream);
+    case 2:
+      return launch<D, 16, true, 2>(sp, grid, stream);
+    default:
+      return launch<D, 16, true, 4>(sp, grid, stream);
+  }
 }
 
 }  // namespace
 
 cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3 grid,
                              cudaStream_t stream) {
-  if (sp.view.queries > 0) {
+  // A verify decode of one query is a decode with the §11 checks (resolve_view): the decode's
+  // kernel serves it.
+  if (sp.view.queries > 1) {
     switch (plan.head_dim) {
       case 64:
         return launch_rows_for_dim<64>(sp, grid, stream);

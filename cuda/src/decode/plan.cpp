@@ -98,12 +98,12 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
 
 int verify_row_chunks(const DecodePlan& plan, int T) {
   const int rows = T * plan.gqa;
-  return rows <= 16 ? 1 : (rows + 15) / 16;
+  return T <= 1 ? 1 : (rows + kVerifyRowsPerBlock - 1) / kVerifyRowsPerBlock;
 }
 
 int verify_splits(const DecodePlan& plan, int T) {
-  // As plan_decode: one resident wave of blocks, now shared by the row chunks, no split
-  // shorter than a tile.
+  // As plan_decode: one resident wave of blocks, shared by the row blocks, no split shorter
+  // than a tile.
   const std::int64_t max_tiles = (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
   const std::int64_t splits = plan.verify_blocks / (std::int64_t(plan.n_kv_heads) * verify_row_chunks(plan, T));
   return int(std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits)));
@@ -113,12 +113,17 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
   const int splits = verify_splits(plan, T);
   const std::int64_t kps =
       decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys);
+  // A warp of a block with c row chunks consumes c of each 64-key stage's four 16-key tiles
+  // (T = 1: the decode's kernel, one tile per stage).
+  const int chunks =
+      T <= 1 ? 1
+             : verify_block_chunks(verify_rows_per_block(T * plan.gqa, verify_row_chunks(plan, T)));
   kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = kps;
   shape.n_splits = splits;
-  shape.rescales = kps / kDecodeMmaTileKeys + 1;  // as plan_decode's mma kernel
+  shape.rescales = kps / kDecodeMmaTileKeys * chunks + 1;  // one per tile, + the block merge
   shape.tensor_core = true;
-  shape.pv_mma_steps = kps / kDecodeMmaTileKeys;
+  shape.pv_mma_steps = kps / kDecodeMmaTileKeys * chunks;
   return shape;
 }
 
