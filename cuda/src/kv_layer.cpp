@@ -6,6 +6,8 @@
 // NOTE: every CUDA call goes through KVLAYER_CUDA_TRY(_NAMED), so that the fault-injection build
 // (kvlayer_cuda_fault) can fail each one; an operation whose CUDA call fails leaves the layer
 // as documented in kv_layer.hpp ("CUDA failures").
+// NOTE: every public call that makes a CUDA call opens with a DeviceGuard of the layer's device
+// (kv_layer.hpp, "several devices"): the buffers, the stream and the decode plan all belong to it.
 #include "kvlayer/cuda/kv_layer.hpp"
 
 #include <algorithm>
@@ -65,6 +67,7 @@ struct KvLayer::State {
   int n_q_heads = 0;
   int max_verify = 0;
   cudaStream_t stream = nullptr;
+  int device = 0;  ///< current at construction; made current by every call that touches CUDA
   std::int64_t rows = 0;
   detail::DecodePlan decode_plan;
   // NOTE: every buffer a captured graph may hold is allocated here, once, and never replaced
@@ -235,6 +238,11 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
 
   int device = 0, sms = 0;
   KVLAYER_CUDA_TRY(cudaGetDevice(&device));
+  // A kernel launched into a stream of another device than the current one fails: refuse such a
+  // stream here, before anything is allocated.
+  if (const int sd = stream_device(stream, device); sd != device)
+    refuse(kCtor, stream_device_mismatch(sd, device));
+  s.device = device;
   KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const std::int64_t max_view = geometry.window ? std::min(*geometry.window, s.rows) : s.rows;
   s.decode_plan = detail::plan_decode(geometry.n_kv_heads, geometry.head_dim_k,
@@ -257,10 +265,21 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
   KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
 }
 
-// NOTE: ~State waits for the stream before the buffers are freed.
-KvLayer::~KvLayer() = default;
+// NOTE: ~State waits for the stream, then frees the buffers: on the layer's device, whichever
+// device the caller has current.
+KvLayer::~KvLayer() {
+  if (!s_) return;  // moved from
+  const DeviceGuard on(s_->device, std::nothrow);
+  s_.reset();
+}
 KvLayer::KvLayer(KvLayer&&) noexcept = default;
-KvLayer& KvLayer::operator=(KvLayer&& o) noexcept = default;
+KvLayer& KvLayer::operator=(KvLayer&& o) noexcept {
+  if (this != &o) {
+    const KvLayer old(std::move(*this));  // released by its destructor, on its own device
+    s_ = std::move(o.s_);
+  }
+  return *this;
+}
 
 const Geometry& KvLayer::geometry() const {
   return s_->g;
@@ -277,6 +296,9 @@ std::int64_t KvLayer::rows() const {
 int KvLayer::max_verify() const {
   return s_->max_verify;
 }
+int KvLayer::device() const {
+  return s_->device;
+}
 std::int64_t KvLayer::len() const {
   return s_->len;
 }
@@ -286,6 +308,7 @@ std::int64_t KvLayer::base() const {
 
 void KvLayer::append(const RowsView& rows) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   s.check_rows(rows, "append");
   const Placement p = s.place(rows.n, "append");
   s.apply(p);
@@ -306,6 +329,7 @@ bool KvLayer::can_rewind_to(std::int64_t p) const {
 
 void KvLayer::rewind(std::int64_t new_len) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   detail::check_rewind(s.g, s.len, s.base, new_len);
   const bool forget = KVLAYER_HOST_MUTANT(rewind_forgets_len_d) ||
                       (s.after_rows_step && KVLAYER_HOST_MUTANT(accept_forgets_len_d));
@@ -324,6 +348,7 @@ std::pair<std::int64_t, std::int64_t> KvLayer::physical_rows(std::int64_t start,
 
 void KvLayer::reserve(std::int64_t k) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   if (k < 0) refuse("reserve", "k ", k, " must not be negative");
   if (k == 0) return;
   s.apply(s.place(k, "reserve"));
@@ -337,6 +362,7 @@ std::pair<std::int64_t, std::int64_t> KvLayer::view() const {
 
 void KvLayer::append_dc(const RowsView& one_row) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   s.check_one_row(one_row, "append_dc");
   if (s.g.is_ring()) refuse("append_dc", "ring layers use append_dcw");
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dc, s.stream),
@@ -346,6 +372,7 @@ void KvLayer::append_dc(const RowsView& one_row) {
 
 void KvLayer::append_dcw(const RowsView& one_row) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   s.check_one_row(one_row, "append_dcw");
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dcw, s.stream),
                          "launch_append");
@@ -354,6 +381,7 @@ void KvLayer::append_dcw(const RowsView& one_row) {
 
 void KvLayer::append_rows_dc(const RowsView& rows) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   s.check_rows(rows, "append_rows_dc");
   s.check_verify_count(rows.n, "append_rows_dc");
   if (s.g.is_ring()) refuse("append_rows_dc", "ring layers use append_rows_dcw");
@@ -364,6 +392,7 @@ void KvLayer::append_rows_dc(const RowsView& rows) {
 
 void KvLayer::append_rows_dcw(const RowsView& rows) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   s.check_rows(rows, "append_rows_dcw");
   s.check_verify_count(rows.n, "append_rows_dcw");
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(rows), AppendMode::dcw, s.stream),
@@ -372,6 +401,7 @@ void KvLayer::append_rows_dcw(const RowsView& rows) {
 }
 
 void KvLayer::inc_seqlen(int n) {
+  const DeviceGuard on(s_->device);
   s_->check_verify_count(n, "inc_seqlen");
   const int by = n > 1 && KVLAYER_HOST_MUTANT(inc_seqlen_adds_one) ? 1 : n;  // (planted bug)
   KVLAYER_CUDA_TRY_NAMED(detail::launch_inc_seqlen(s_->len_d(), by, s_->stream),
@@ -386,6 +416,7 @@ void KvLayer::account_steps(std::int64_t k) {
 
 void KvLayer::decode(const float* q, float* out, std::optional<float> scale) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   State::check_decode_pointers(q, out, "decode");
   const auto [begin, end] = view();
   if (begin < s.base)
@@ -396,6 +427,7 @@ void KvLayer::decode(const float* q, float* out, std::optional<float> scale) {
 
 void KvLayer::decode_dc(const float* q, float* out, std::optional<float> scale) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   State::check_decode_pointers(q, out, "decode_dc");
   if (s.g.is_ring()) refuse("decode_dc", "ring layers use decode_dcw");
   if (s.g.window)
@@ -406,6 +438,7 @@ void KvLayer::decode_dc(const float* q, float* out, std::optional<float> scale) 
 
 void KvLayer::decode_dcw(const float* q, float* out, std::optional<float> scale) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   State::check_decode_pointers(q, out, "decode_dcw");
   if (!s.g.window) refuse("decode_dcw", "the layer has no window; use decode_dc");
   s.decode(q, out, scale, true, true);
@@ -413,6 +446,7 @@ void KvLayer::decode_dcw(const float* q, float* out, std::optional<float> scale)
 
 void KvLayer::decode_rows(const float* q, float* out, int T, std::optional<float> scale) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   State::check_decode_pointers(q, out, "decode_rows");
   s.check_verify_count(T, "decode_rows");
   if (s.len < T) refuse("decode_rows", "len ", s.len, " is less than T ", T);
@@ -427,6 +461,7 @@ void KvLayer::decode_rows(const float* q, float* out, int T, std::optional<float
 
 void KvLayer::decode_rows_dc(const float* q, float* out, int T, std::optional<float> scale) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   State::check_decode_pointers(q, out, "decode_rows_dc");
   s.check_verify_count(T, "decode_rows_dc");
   if (s.g.is_ring()) refuse("decode_rows_dc", "ring layers use decode_rows_dcw");
@@ -438,6 +473,7 @@ void KvLayer::decode_rows_dc(const float* q, float* out, int T, std::optional<fl
 
 void KvLayer::decode_rows_dcw(const float* q, float* out, int T, std::optional<float> scale) {
   State& s = *s_;
+  const DeviceGuard on(s.device);
   State::check_decode_pointers(q, out, "decode_rows_dcw");
   s.check_verify_count(T, "decode_rows_dcw");
   if (!s.g.window) refuse("decode_rows_dcw", "the layer has no window; use decode_rows_dc");
@@ -446,6 +482,7 @@ void KvLayer::decode_rows_dcw(const float* q, float* out, int T, std::optional<f
 
 LayerStatus KvLayer::status() const {
   const State& s = *s_;
+  const DeviceGuard on(s.device);
   DeviceStatus h{};
   s.read(&h, s.status.get(), sizeof h);
   LayerStatus out;
@@ -466,11 +503,13 @@ LayerStatus KvLayer::status() const {
 }
 
 void KvLayer::clear_status() {
+  const DeviceGuard on(s_->device);
   KVLAYER_CUDA_TRY(cudaMemsetAsync(s_->status.get(), 0, sizeof(DeviceStatus), s_->stream));
 }
 
 std::vector<std::uint8_t> KvLayer::k_plane_bytes() const {
   const State& s = *s_;
+  const DeviceGuard on(s.device);
   std::vector<std::uint8_t> out(std::size_t(s.rows * s.g.k_tok_bytes()));
   s.read(out.data(), s.k_plane.get(), out.size());
   return out;
@@ -478,6 +517,7 @@ std::vector<std::uint8_t> KvLayer::k_plane_bytes() const {
 
 std::vector<std::uint8_t> KvLayer::v_plane_bytes() const {
   const State& s = *s_;
+  const DeviceGuard on(s.device);
   std::vector<std::uint8_t> out(std::size_t(s.rows * s.g.v_tok_bytes()));
   s.read(out.data(), s.v_plane.get(), out.size());
   return out;
@@ -485,6 +525,7 @@ std::vector<std::uint8_t> KvLayer::v_plane_bytes() const {
 
 std::vector<std::uint8_t> KvLayer::k_plane_tail_bytes() const {
   const State& s = *s_;
+  const DeviceGuard on(s.device);
   std::vector<std::uint8_t> out(kPlaneTailBytes);
   s.read(out.data(), s.k_plane.as<std::uint8_t>() + s.rows * s.g.k_tok_bytes(), out.size());
   return out;
@@ -492,18 +533,21 @@ std::vector<std::uint8_t> KvLayer::k_plane_tail_bytes() const {
 
 std::vector<std::uint8_t> KvLayer::v_plane_tail_bytes() const {
   const State& s = *s_;
+  const DeviceGuard on(s.device);
   std::vector<std::uint8_t> out(kPlaneTailBytes);
   s.read(out.data(), s.v_plane.as<std::uint8_t>() + s.rows * s.g.v_tok_bytes(), out.size());
   return out;
 }
 
 std::int64_t KvLayer::read_len_d() const {
+  const DeviceGuard on(s_->device);
   std::int32_t c[2] = {0, 0};
   s_->read(c, s_->counters.get(), sizeof c);
   return c[0];
 }
 
 std::int64_t KvLayer::read_base_d() const {
+  const DeviceGuard on(s_->device);
   std::int32_t c[2] = {0, 0};
   s_->read(c, s_->counters.get(), sizeof c);
   return c[1];

@@ -28,6 +28,9 @@ namespace fault = cuda::fault;
 using cuda::Stream;
 
 constexpr int kFailingConstructions = 50;
+/// Every operation first asks for the current device (cuda::DeviceGuard; one device here, so
+/// it never switches): a failure there too must leave the layer unchanged.
+constexpr const char* kGuard = "cudaGetDevice(&previous_)";
 
 /// The error injected into `call`: what that kind of call returns when it really fails.
 cudaError_t error_for(const std::string& call) {
@@ -329,7 +332,7 @@ TEST_F(CudaFailures, EveryHostOperationLeavesTheLayerAsDocumented) {
   const Geometry rg = ring(2, 128, 2000, 40, 16, 4);  // rows 91
   const int nq = 8;
   const Inputs fi(fg, nq, rng), ri(rg, nq, rng);
-  const std::vector<std::string> read = {"cudaMemcpyAsync (device to host)",
+  const std::vector<std::string> read = {kGuard, "cudaMemcpyAsync (device to host)",
                                          "cudaStreamSynchronize"};
   const auto none = [](ref::KvLayer&) {};
 
@@ -349,14 +352,14 @@ TEST_F(CudaFailures, EveryHostOperationLeavesTheLayerAsDocumented) {
        .setup = flat_setup,
        .on_gpu = [&](cuda::KvLayer& l) { l.append(fi.d_rows.view); },
        .on_ref = [&](ref::KvLayer& r) { r.append(fi.rows.view()); },
-       .calls = {"launch_append"}},
+       .calls = {kGuard, "launch_append"}},
       {.name = "append (ring, rebasing first)",
        .g = rg,
        .nq = nq,
        .setup = ring_setup,
        .on_gpu = [&](cuda::KvLayer& l) { l.append(ri.d_rows.view); },
        .on_ref = [&](ref::KvLayer& r) { r.append(ri.rows.view()); },
-       .calls = {"launch_set_counters", "launch_rebase", "launch_append"},
+       .calls = {kGuard, "launch_set_counters", "launch_rebase", "launch_append"},
        // The rebase ran and cannot be undone; nothing was written.
        .after_failure =
            [](ref::KvLayer& r, const std::string& call) {
@@ -368,42 +371,42 @@ TEST_F(CudaFailures, EveryHostOperationLeavesTheLayerAsDocumented) {
        .setup = ring_setup,
        .on_gpu = [](cuda::KvLayer& l) { l.reserve(16); },
        .on_ref = [](ref::KvLayer& r) { r.reserve(16); },
-       .calls = {"launch_set_counters", "launch_rebase"}},
+       .calls = {kGuard, "launch_set_counters", "launch_rebase"}},
       {.name = "rewind",
        .g = fg,
        .nq = nq,
        .setup = flat_setup,
        .on_gpu = [](cuda::KvLayer& l) { l.rewind(50); },
        .on_ref = [](ref::KvLayer& r) { r.rewind(50); },
-       .calls = {"launch_set_counters"}},
+       .calls = {kGuard, "launch_set_counters"}},
       {.name = "append_dc",
        .g = fg,
        .nq = nq,
        .setup = flat_setup,
        .on_gpu = [&](cuda::KvLayer& l) { l.append_dc(fi.d_one.view); },
        .on_ref = [&](ref::KvLayer& r) { r.append_dc(fi.one.view()); },
-       .calls = {"launch_append"}},
+       .calls = {kGuard, "launch_append"}},
       {.name = "inc_seqlen",
        .g = fg,
        .nq = nq,
        .setup = flat_setup,
        .on_gpu = [](cuda::KvLayer& l) { l.inc_seqlen(); },
        .on_ref = [](ref::KvLayer& r) { r.inc_seqlen(); },
-       .calls = {"launch_inc_seqlen"}},
+       .calls = {kGuard, "launch_inc_seqlen"}},
       {.name = "append_dcw (ring)",
        .g = rg,
        .nq = nq,
        .setup = ring_reserved,
        .on_gpu = [&](cuda::KvLayer& l) { l.append_dcw(ri.d_one.view); },
        .on_ref = [&](ref::KvLayer& r) { r.append_dcw(ri.one.view()); },
-       .calls = {"launch_append"}},
+       .calls = {kGuard, "launch_append"}},
       {.name = "decode",
        .g = fg,
        .nq = nq,
        .setup = flat_setup,
        .on_gpu = [&](cuda::KvLayer& l) { l.decode(fi.q.get(), fi.out.get()); },
        .on_ref = none,
-       .calls = {"launch_decode"},
+       .calls = {kGuard, "launch_decode"},
        .output = decoded(fi.out)},
       {.name = "decode_dc",
        .g = fg,
@@ -411,7 +414,7 @@ TEST_F(CudaFailures, EveryHostOperationLeavesTheLayerAsDocumented) {
        .setup = flat_setup,
        .on_gpu = [&](cuda::KvLayer& l) { l.decode_dc(fi.q.get(), fi.out.get()); },
        .on_ref = none,
-       .calls = {"launch_decode"},
+       .calls = {kGuard, "launch_decode"},
        .output = decoded(fi.out)},
       {.name = "decode_dcw (ring)",
        .g = rg,
@@ -419,7 +422,7 @@ TEST_F(CudaFailures, EveryHostOperationLeavesTheLayerAsDocumented) {
        .setup = ring_setup,
        .on_gpu = [&](cuda::KvLayer& l) { l.decode_dcw(ri.q.get(), ri.out.get()); },
        .on_ref = none,
-       .calls = {"launch_decode"},
+       .calls = {kGuard, "launch_decode"},
        .output = decoded(ri.out)},
       {.name = "clear_status",
        .g = fg,
@@ -427,7 +430,7 @@ TEST_F(CudaFailures, EveryHostOperationLeavesTheLayerAsDocumented) {
        .setup = flat_setup,
        .on_gpu = [](cuda::KvLayer& l) { l.clear_status(); },
        .on_ref = [](ref::KvLayer& r) { r.clear_status(); },
-       .calls = {"cudaMemsetAsync(s_->status.get(), 0, sizeof(DeviceStatus), s_->stream)"}},
+       .calls = {kGuard, "cudaMemsetAsync(s_->status.get(), 0, sizeof(DeviceStatus), s_->stream)"}},
       {.name = "status",
        .g = fg,
        .nq = nq,

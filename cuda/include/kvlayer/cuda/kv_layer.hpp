@@ -22,6 +22,10 @@
 // nothing is written, i.e. the layer is as reserve(rows.n) leaves it. A sticky error (the
 // context is corrupt, e.g. after an illegal address) fails every later call: such a layer can
 // only be destroyed. tests/layer/test_failures_cuda.cpp injects each failure.
+//
+// Devices: a layer belongs to the device current at its construction (device()); every call
+// that touches CUDA makes it current for the call and restores the caller's afterwards
+// (tests/layer/test_multi_gpu_cuda.cpp).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -78,13 +82,26 @@ inline constexpr std::size_t kPlaneTailBytes = 256;
 /// device current at that time, and released by the destructor.
 /// NOTE: not thread-safe; all work is enqueued on the stream given at construction, which must
 /// outlive the layer.
+/// NOTE: several devices. The layer records the device current at construction (device()), and
+/// every call that makes a CUDA call (the destructor, status(), clear_status() and the read-back
+/// calls included) makes that device current for its duration and restores the caller's device
+/// afterwards, also when it throws; cudaSetDevice is called only when the caller's device
+/// differs, and enqueues nothing (legal while the layer's stream is being captured). Host-only
+/// accessors (len(), view(), geometry(), ...) touch no CUDA state. The stream must belong to the
+/// layer's device: a stream of another device is refused at construction ("cuda::KvLayer: stream
+/// is on device 1 but the layer is on device 0"), before anything is allocated. The null
+/// (legacy) stream, cudaStreamLegacy and cudaStreamPerThread are accepted: they resolve to the
+/// layer's device, which is current whenever the layer enqueues. The caller's own CUDA calls
+/// (uploads, capture, graph launches) are its own: a graph holding a layer's nodes is launched
+/// on a stream of that layer's device.
 class KvLayer {
  public:
-  /// Builds an empty layer (planes zeroed, counters 0). Refuses an illegal geometry (the
-  /// reference's messages) and any the CUDA kernels do not support: head_dim_k != head_dim_v,
-  /// head dims outside {64, 128, 256}, n_q_heads not a multiple of n_kv_heads, gqa > 16,
-  /// max_verify outside [1, kMaxVerify]. max_verify (SPEC §11) is the most queries a verify
-  /// decode takes; the decode grid and scratch are sized for it here, once.
+  /// Builds an empty layer (planes zeroed, counters 0) on the current device. Refuses an illegal
+  /// geometry (the reference's messages) and any the CUDA kernels do not support: head_dim_k !=
+  /// head_dim_v, head dims outside {64, 128, 256}, n_q_heads not a multiple of n_kv_heads,
+  /// gqa > 16, max_verify outside [1, kMaxVerify]; and a stream of another device. max_verify
+  /// (SPEC §11) is the most queries a verify decode takes; the decode grid and scratch are sized
+  /// for it here, once.
   KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream = nullptr,
           int max_verify = kDefaultMaxVerify);
   ~KvLayer();
@@ -100,6 +117,8 @@ class KvLayer {
   std::int64_t rows() const;
   /// The most queries a verify decode takes (fixed at construction).
   int max_verify() const;
+  /// The CUDA device the layer lives on (current at construction).
+  int device() const;
 
   // ---- Host-len operations (not capturable: they plan on host state) ---------------------
 

@@ -1,12 +1,13 @@
 // CUDA runtime plumbing shared by the layer, its tools and tests: CUDA failures as
-// kvlayer::Error (kind device, "<call>: <error string>", SPEC §9) and owning wrappers for
+// kvlayer::Error (kind device, "<call>: <error string>", SPEC §9), owning wrappers for
 // device memory, streams, events and graphs, each released by its destructor on every path and
-// none copyable. Host code only; kernels never throw.
+// none copyable, and a scoped current device (DeviceGuard). Host code only; kernels never throw.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <new>
 #include <string>
 #include <utility>
 
@@ -152,6 +153,58 @@ class Event {
   using Handle = UniqueHandle<cudaEvent_t, cudaEventDestroy>;
   Handle e_;
 };
+
+/// Makes `device` the calling thread's current device for its lifetime and then restores the
+/// device that was current before, also when the scope is left by an exception.
+/// NOTE: cudaSetDevice is called only when the current device differs, so that the common
+/// single-device case costs one cudaGetDevice (a thread-local read). Neither call is a stream
+/// operation: both are legal while a stream is being captured. The restore cannot report a
+/// failure (a destructor); it can only fail when the context is already broken.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    KVLAYER_CUDA_TRY(cudaGetDevice(&previous_));
+    if (previous_ != device) {
+      KVLAYER_CUDA_TRY(cudaSetDevice(device));
+      switched_ = true;
+    }
+  }
+  /// For destructors: the same without throwing; on a failure the device stays as it was.
+  DeviceGuard(int device, std::nothrow_t) noexcept {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return;
+    }
+    if (previous_ != device) switched_ = cudaSetDevice(device) == cudaSuccess;
+    if (!switched_) (void)cudaGetLastError();
+  }
+  ~DeviceGuard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+/// The tail of the refusal of a stream that belongs to another device than the layer's:
+/// "stream is on device S but the layer is on device L".
+inline std::string stream_device_mismatch(int stream_device, int layer_device) {
+  return "stream is on device " + std::to_string(stream_device) + " but the layer is on device " +
+         std::to_string(layer_device);
+}
+
+/// The device `stream` belongs to, or `current` for the legacy, per-thread and null streams
+/// (they resolve to whichever device is current when work is enqueued).
+inline int stream_device(cudaStream_t stream, int current) {
+  if (stream == nullptr || stream == cudaStreamLegacy || stream == cudaStreamPerThread)
+    return current;
+  int device = current;
+  KVLAYER_CUDA_TRY(cudaStreamGetDevice(stream, &device));
+  return device;
+}
 
 /// A captured graph and its executable instance.
 class Graph {
