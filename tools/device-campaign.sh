@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine: the model-based campaign in parallel (one `kvlayer fuzz` process per
-# seed, all sharing the GPU), then a table of cases, cases per minute and failures, and each
-# process's "bound tightness:" line. A process that ran the reference alone (no GPU) counts as
-# failing: it compared nothing with the CUDA layer.
+# seed), spread round-robin over every visible GPU (process i gets CUDA_VISIBLE_DEVICES set to
+# the (i mod G)-th of them), then a table of cases, cases per minute and failures per seed, the
+# same per GPU and in total, and each process's "bound tightness:" line. A process that ran the
+# reference alone (no GPU) counts as failing: it compared nothing with the CUDA layer.
 #   tools/device-campaign.sh BUILD_DIR PROCESSES MINUTES [FIRST_SEED]
+# The GPUs: CUDA_VISIBLE_DEVICES' entries when it is set, else nvidia-smi's indices; when none
+# are found the processes inherit the environment unchanged (gpu "-" in the tables).
 # Failing cases' replay files and each process's summary land in $OUT (or ./campaign-out).
 set -uo pipefail
 build=${1:-build-device}
@@ -12,38 +15,71 @@ minutes=${3:-5}
 first_seed=${4:-1000}
 out=${OUT:-$PWD/campaign-out}
 mkdir -p "$out/campaign"
+gpus=()
+if [[ -n ${CUDA_VISIBLE_DEVICES+set} ]]; then
+  IFS=',' read -ra gpus <<<"${CUDA_VISIBLE_DEVICES//[[:space:]]/}"
+elif command -v nvidia-smi >/dev/null 2>&1; then
+  mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ')
+fi
+declare -A gpu_of  # seed -> the GPU its process saw ("-": the environment unchanged)
 start=$(date +%s)
+logs=()  # this campaign's (an earlier one's logs in $OUT stay out of the tables)
 for ((i = 0; i < procs; ++i)); do
   seed=$((first_seed + i))
-  "$build/bin/kvlayer" fuzz --cases 1000000 --minutes "$minutes" --seed "$seed" \
-    --replay-dir "$out/campaign" >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
+  logs+=("$out/campaign/fuzz-$seed.log")
+  if ((${#gpus[@]} > 0)); then
+    gpu_of[$seed]=${gpus[i % ${#gpus[@]}]}
+    env CUDA_VISIBLE_DEVICES="${gpu_of[$seed]}" "$build/bin/kvlayer" fuzz --cases 1000000 \
+      --minutes "$minutes" --seed "$seed" --replay-dir "$out/campaign" \
+      >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
+  else
+    gpu_of[$seed]=-
+    "$build/bin/kvlayer" fuzz --cases 1000000 --minutes "$minutes" --seed "$seed" \
+      --replay-dir "$out/campaign" >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
+  fi
 done
 wait
 secs=$(($(date +%s) - start))
+per_min() { echo $(($1 * 60 / (secs > 0 ? secs : 1))); }
 total=0
 failed=0
-printf '%-8s %8s %10s %9s %12s %s\n' seed cases cases/min failures bytes "worst error/bound"
-for f in "$out"/campaign/fuzz-*.log; do
+declare -A gpu_procs gpu_cases gpu_failed
+printf '%-8s %4s %8s %10s %9s %12s %s\n' seed gpu cases cases/min failures bytes "worst error/bound"
+for f in "${logs[@]}"; do
   seed=${f##*/fuzz-}
   seed=${seed%.log}
+  gpu=${gpu_of[$seed]:--}
   cases=$(awk '$1 == "cases" && NF == 2 {print $2}' "$f")
   rate=$(awk '$1 == "cases" && $2 == "per" {print $4}' "$f")
   fails=$(awk '$1 == "failures" {print $2}' "$f")
   bytes=$(awk '$1 == "bytes" && $2 == "compared" {print $3}' "$f")
   worst=$(awk -F'  +' '/largest decode error\/bound/ {print $3}' "$f")
-  printf '%-8s %8s %10s %9s %12s %s\n' "$seed" "${cases:-?}" "${rate:-?}" "${fails:-?}" "${bytes:-?}" "${worst:-?}"
+  printf '%-8s %4s %8s %10s %9s %12s %s\n' "$seed" "$gpu" "${cases:-?}" "${rate:-?}" "${fails:-?}" "${bytes:-?}" "${worst:-?}"
   total=$((total + ${cases:-0}))
+  gpu_procs[$gpu]=$((${gpu_procs[$gpu]:-0} + 1))
+  gpu_cases[$gpu]=$((${gpu_cases[$gpu]:-0} + ${cases:-0}))
   sides=$(awk -F'  +' '$2 == "sides" {print $3}' "$f")
-  if [[ "${fails:-1}" != 0 || "$sides" != "reference + CUDA" ]]; then failed=$((failed + 1)); fi
+  if [[ "${fails:-1}" != 0 || "$sides" != "reference + CUDA" ]]; then
+    failed=$((failed + 1))
+    gpu_failed[$gpu]=$((${gpu_failed[$gpu]:-0} + 1))
+  fi
 done
 echo
+echo "per GPU (cases/min over the campaign's $secs s):"
+printf '%-6s %9s %10s %10s %9s\n' gpu processes cases cases/min failing
+for gpu in $(printf '%s\n' "${!gpu_procs[@]}" | sort -n); do
+  printf '%-6s %9s %10s %10s %9s\n' "$gpu" "${gpu_procs[$gpu]}" "${gpu_cases[$gpu]}" \
+    "$(per_min "${gpu_cases[$gpu]}")" "${gpu_failed[$gpu]:-0}"
+done
+printf '%-6s %9s %10s %10s %9s\n' total "$procs" "$total" "$(per_min "$total")" "$failed"
+echo
 echo "bound tightness (by seed):"
-for f in "$out"/campaign/fuzz-*.log; do
+for f in "${logs[@]}"; do
   seed=${f##*/fuzz-}
   seed=${seed%.log}
   grep -aE '^bound tightness:' "$f" | sed "s|^|  seed $seed: |" || echo "  seed $seed: (none printed)"
 done
-echo "campaign: $procs processes x $minutes min: $total cases in $secs s" \
-     "($((total * 60 / (secs > 0 ? secs : 1))) cases/min overall), failing processes: $failed"
-grep -h "sides" "$out"/campaign/fuzz-*.log | sort | uniq -c
+echo "campaign: $procs processes x $minutes min on ${#gpus[@]} GPU(s)${gpus[*]:+ (${gpus[*]})}:" \
+     "$total cases in $secs s ($(per_min "$total") cases/min overall), failing processes: $failed"
+grep -h "sides" "${logs[@]}" | sort | uniq -c
 [[ $failed == 0 ]]
