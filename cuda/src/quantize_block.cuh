@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "kvlayer/block_format.hpp"
+
 #if defined(__CUDACC__)
 #include <cuda_fp16.h>
 
@@ -159,13 +161,13 @@ KVLAYER_QUANTIZE_FN bool quantize_q8_0_block(const float (&x)[32], std::uint8_t*
   for (int j = 0; j < 32; ++j) amax = amax < ops::fabs(x[j]) ? ops::fabs(x[j]) : amax;
   const float d = ops::div_rn(amax, 127.0f);
   const unsigned short dh = ops::half_bits(d);
-  unsigned short words[17];  // d, then the quants as little-endian byte pairs
+  unsigned short words[kQ8_0BlockWords];  // d, then the quants as little-endian byte pairs
   const bool bad = !finite || qb::is_inf_half(dh);
   if (bad) {
     *bad_value = qb::offending_value(x);
     words[0] = qb::kNaNHalf;
     KVLAYER_UNROLL
-    for (int i = 1; i < 17; ++i) words[i] = 0;
+    for (int i = 1; i < kQ8_0BlockWords; ++i) words[i] = 0;
   } else {
     const float id = qb::safe_reciprocal(d);
     words[0] = dh;
@@ -177,7 +179,7 @@ KVLAYER_QUANTIZE_FN bool quantize_q8_0_block(const float (&x)[32], std::uint8_t*
     }
   }
   KVLAYER_UNROLL
-  for (int i = 0; i < 17; ++i) ops::store_u16(blk + 2 * i, words[i]);
+  for (int i = 0; i < kQ8_0BlockWords; ++i) ops::store_u16(blk + 2 * i, words[i]);
   return bad;
 }
 
@@ -240,8 +242,8 @@ KVLAYER_QUANTIZE_FN bool quantize_q5_1_block(const float (&x)[32], std::uint8_t*
   }
   if (bad) w0 = qb::kNaNHalf | (static_cast<unsigned long long>(qb::kNaNHalf) << 16);
   ops::store_u64(blk, w0);
-  ops::store_u64(blk + 8, w1);
-  ops::store_u64(blk + 16, w2);
+  ops::store_u64(blk + kQ5_1Nibbles, w1);
+  ops::store_u64(blk + kQ5_1Nibbles + 8, w2);
   return bad;
 }
 

@@ -6,11 +6,10 @@
 #include <optional>
 #include <string>
 
+#include "kvlayer/block_format.hpp"
+
 namespace kvlayer {
 
-inline constexpr int kBlockValues = 32;    ///< values per quantized block (q8_0 and q5_1)
-inline constexpr int kQ8_0BlockBytes = 34; ///< d (fp16) + 32 int8 quants
-inline constexpr int kQ5_1BlockBytes = 24; ///< d, m (fp16) + qh (u32) + 16 nibble bytes
 inline constexpr std::int64_t kRingAlign = 32;  ///< a ring's base is always a multiple of this
 
 /// How the planes are laid out: every logical row at its own physical row, or a compacting ring.

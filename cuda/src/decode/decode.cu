@@ -59,10 +59,10 @@ struct Shape {
   static_assert(D == 64 || D == 128 || D == 256, "supported head dims: 64, 128, 256");
   static constexpr int kBlocks = D / 32;             ///< 32-value blocks per head
   static constexpr int kTile = decode_tile_keys(D);  ///< keys per tile
-  static constexpr int kKBytes = kBlocks * 34;       ///< K span of one head in a row
-  static constexpr int kVBytes = kBlocks * 24;       ///< V span of one head in a row
-  static constexpr int kKChunk = kKBytes / 17;       ///< 4, 8, 16: the K span's alignment
-  static constexpr int kKChunks = 17;
+  static constexpr int kKBytes = k_head_bytes(D);   ///< K span of one head in a row
+  static constexpr int kVBytes = v_head_bytes(D);   ///< V span of one head in a row
+  static constexpr int kKChunks = kQ8_0BlockWords;  ///< the K span in 17 equal copies
+  static constexpr int kKChunk = kKBytes / kKChunks;  ///< 4, 8, 16: the K span's alignment
   static constexpr int kVChunks = kVBytes / 16;
   static constexpr int kQStride = 36;  ///< floats per (head, block) of q: 32 + 4 bank padding
   /// Phase C: columns per thread and query-head groups (head_dim 64 splits the heads in two).
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
         // The block starts at byte t·kKBytes + b·34 ≡ 2·(b & 1) (mod 4): read the 9 aligned
         // words covering it and shift by 2 bytes for even b. For odd b the window starts 2
         // bytes early; for the last block (odd: NB is even) it ends exactly at the key's end.
-        const int start = t * S::kKBytes + b * 34;
+        const int start = t * S::kKBytes + b * kQ8_0BlockBytes;
         const unsigned* w = reinterpret_cast<const unsigned*>(k_tile[stage] + (start & ~3));
         const bool odd = (start & 2) != 0;
         unsigned wr[9];
@@ -292,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
         for (int c = 0; c < S::kCols; ++c) {
           const int col = col0 + c * S::kColThreads;
           const int j = col % 32;
-          const std::uint8_t* blk = vt + t * S::kVBytes + (col / 32) * 24;
+          const std::uint8_t* blk = vt + t * S::kVBytes + (col / 32) * kQ5_1BlockBytes;
           const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
           const unsigned byte = blk[8 + (j & 15)];
           const unsigned nib = j < 16 ? (byte & 15u) : (byte >> 4);
@@ -476,8 +476,8 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const SplitParams sp{vp,
                        a.k_plane,
                        a.v_plane,
-                       plan.n_kv_heads * blocks_per_head * 34,
-                       plan.n_kv_heads * blocks_per_head * 24,
+                       plan.n_kv_heads * blocks_per_head * kQ8_0BlockBytes,
+                       plan.n_kv_heads * blocks_per_head * kQ5_1BlockBytes,
                        a.q,
                        a.scale,
                        plan.gqa,

@@ -14,6 +14,7 @@
 
 #include "cp_async.cuh"
 #include "decode/decode.hpp"
+#include "kvlayer/block_format.hpp"
 #include "decode/partition.hpp"
 #include "device_status.cuh"
 

@@ -71,9 +71,9 @@ template <int D>
 struct MmaShape {
   static_assert(D == 64 || D == 128 || D == 256, "supported head dims: 64, 128, 256");
   static constexpr int kBlocks = D / 32;        ///< 32-value blocks per head
-  static constexpr int kKBytes = kBlocks * 34;  ///< K span of one head in a row
-  static constexpr int kVBytes = kBlocks * 24;  ///< V span of one head in a row
-  static constexpr int kKChunk = kKBytes / 17;  ///< 4, 8, 16: the K span's alignment
+  static constexpr int kKBytes = k_head_bytes(D);  ///< K span of one head in a row
+  static constexpr int kVBytes = v_head_bytes(D);  ///< V span of one head in a row
+  static constexpr int kKChunk = kKBytes / kQ8_0BlockWords;  ///< 4, 8, 16: the K span's alignment
   static constexpr int kVChunks = kVBytes / 16;
   /// Shared row strides (bytes): 4·odd words (bank-conflict-free fragments, see the header),
   /// multiples of the copy sizes.
@@ -87,7 +87,7 @@ struct MmaShape {
   static constexpr int kMergeBytes = (3 * kWarps * 16 + kWarps * 16 * kOStride) * 4;
   static_assert(kKStride >= kKBytes && kKStride % kKChunk == 0 && (kKStride / 4) % 8 == 4);
   static_assert(kVStride >= kVBytes && kVStride % 16 == 0 && (kVStride / 4) % 8 == 4);
-  static_assert(kKChunk * 17 == kKBytes && kVChunks * 16 == kVBytes);
+  static_assert(kKChunk * kQ8_0BlockWords == kKBytes && kVChunks * 16 == kVBytes);
   static_assert(kKRegion % 16 == 0 && kStageBytes % 16 == 0);
   static_assert(kMergeBytes <= kSmemBytes);
 };
@@ -122,7 +122,7 @@ __device__ __forceinline__ void mma_16816_top(float (&c)[2], unsigned a0, unsign
 /// The 5-bit quants g, g + 8, g + 16, g + 24 of a q5_1 block in shared memory (bytes 0..3 of
 /// the result), from qs[g] (quants g | g+16 << 4), qs[g+8] (g+8 | g+24 << 4) and bits of qh.
 __device__ __forceinline__ unsigned v_quants5(const std::uint8_t* block, unsigned qh, int g) {
-  const unsigned x = unsigned(block[8 + g]) | (unsigned(block[16 + g]) << 8);
+  const unsigned x = unsigned(block[kQ5_1Nibbles + g]) | (unsigned(block[kQ5_1Nibbles + 8 + g]) << 8);
   return ((x | (x << 12)) & 0x0f0f0f0fu) | (((qh >> g) << 4) & 0x10101010u);
 }
 
@@ -171,7 +171,7 @@ __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float 
     }
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
-      const std::uint8_t* blk = vs_base + k * kVStride + 24 * b;
+      const std::uint8_t* blk = vs_base + k * kVStride + kQ5_1BlockBytes * b;
       const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
       const float d = f16_bits(hdr.x & 0xffffu), m = f16_bits(hdr.x >> 16);
 #pragma unroll
@@ -179,7 +179,7 @@ __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float 
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int j = 8 * jj + 2 * t + e;  // quant index = column within the block
-          const unsigned byte = blk[8 + (j & 15)];
+          const unsigned byte = blk[kQ5_1Nibbles + (j & 15)];
           const unsigned q = ((jj < 2 ? byte : byte >> 4) & 0xfu) | (((hdr.y >> j) & 1u) << 4);
           const float v = __fadd_rn(__fmul_rn(d, float(q)), m);
 #pragma unroll
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   // This lane's copy walks: chunk c = lane + 32·r of a tile is (key c / n, chunk c % n) for
   // n chunks per key; stepping c by 32 moves the key by 32 / n and the chunk by 32 % n (one
   // more key on wrap), so no division is left in the loop.
-  const ChunkWalk k_walk = ChunkWalk::start(lane, 17, S::kKChunk, p.k_tok_bytes, S::kKStride);
+  const ChunkWalk k_walk = ChunkWalk::start(lane, kQ8_0BlockWords, S::kKChunk, p.k_tok_bytes, S::kKStride);
   const ChunkWalk v_walk = ChunkWalk::start(lane, S::kVChunks, 16, p.v_tok_bytes, S::kVStride);
 
   // Issues the copies of this warp's i-th tile (global warp tile warp + 4i) into its stage and
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       std::uint8_t* vd = kd + S::kKRegion;
       const std::uint8_t* ks = k_head + row0 * p.k_tok_bytes;
       const std::uint8_t* vs = v_head + row0 * p.v_tok_bytes;
-      for (ChunkWalk w = k_walk; w.key < valid; w.next(17))
+      for (ChunkWalk w = k_walk; w.key < valid; w.next(kQ8_0BlockWords))
         cp_async<S::kKChunk>(kd + w.dst, ks + w.src);
       for (ChunkWalk w = v_walk; w.key < valid; w.next(S::kVChunks))
         cp_async<16>(vd + w.dst, vs + w.src);
@@ -402,11 +402,11 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       for (int b = 0; b < NB; ++b) {
         unsigned z[2];
         if (b & 1) {
-          const unsigned* u = reinterpret_cast<const unsigned*>(krow + 34 * b + 2);
+          const unsigned* u = reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b + kQ8_0Quants);
           z[0] = u[t];
           z[1] = u[4 + t];
         } else {
-          const unsigned* w = reinterpret_cast<const unsigned*>(krow + 34 * b);
+          const unsigned* w = reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b);
           z[0] = w[1 + t];
           z[1] = __byte_perm(w[ev_a], w[ev_b], ev_sel);
         }
@@ -420,8 +420,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           else
             mma_16816_top(c, qa[b][ks][0], qa[b][ks][1], b0, b1);
         }
-        const float d0 = f16_bits(*reinterpret_cast<const unsigned short*>(drow0 + 34 * b));
-        const float d1 = f16_bits(*reinterpret_cast<const unsigned short*>(drow1 + 34 * b));
+        const float d0 = f16_bits(*reinterpret_cast<const unsigned short*>(drow0 + kQ8_0BlockBytes * b));
+        const float d1 = f16_bits(*reinterpret_cast<const unsigned short*>(drow1 + kQ8_0BlockBytes * b));
 #pragma unroll
         for (int e = 0; e < kC; ++e) {
           const float x = __fmul_rn(c[e], (e & 1) ? d1 : d0);
@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     for (int r = 0; r < NB / 2; ++r) {
       const int i = lane + 32 * r;
       const unsigned dm =
-          *reinterpret_cast<const unsigned*>(vs_base + (i % 16) * S::kVStride + 24 * (i / 16));
+          *reinterpret_cast<const unsigned*>(vs_base + (i % 16) * S::kVStride + kQ5_1BlockBytes * (i / 16));
       wide = wide || v_block_exceeds_f16(dm);
       if constexpr (kRows) bad = bad || v_block_not_finite(dm);
     }
@@ -521,7 +521,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
         unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
 #pragma unroll
         for (int pair = 0; pair < 2; ++pair) {
-          const std::uint8_t* blk0 = vs_base + (2 * t + 8 * pair) * S::kVStride + 24 * b;
+          const std::uint8_t* blk0 = vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
           const std::uint8_t* blk1 = blk0 + S::kVStride;
           const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
           const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);

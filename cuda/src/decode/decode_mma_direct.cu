@@ -48,8 +48,8 @@ namespace {
 
 constexpr int kD = 128;
 constexpr int kBlocks = kD / 32;
-constexpr int kKBytes = kBlocks * 34;  ///< K span of one head in a row (8-byte aligned)
-constexpr int kVBytes = kBlocks * 24;  ///< V span of one head in a row (8-byte aligned)
+constexpr int kKBytes = k_head_bytes(kD);  ///< K span of one head in a row (8-byte aligned)
+constexpr int kVBytes = v_head_bytes(kD);  ///< V span of one head in a row (8-byte aligned)
 constexpr int kWarps = kDecodeMmaWarps;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kWK = kDecodeMmaWarpKeys;  ///< keys per warp tile (the mma's M)
@@ -72,7 +72,7 @@ __host__ __device__ constexpr int k_pair_byte(int b, int reg, int h, int t) {
 
 /// Quant index (0..31 in its block) of pair (b, reg, h)'s first quant for lane t.
 __host__ __device__ constexpr int k_pair_quant(int b, int reg, int h, int t) {
-  return k_pair_byte(b, reg, h, t) - 34 * b - 2;
+  return k_pair_byte(b, reg, h, t) - kQ8_0BlockBytes * b - kQ8_0Quants;
 }
 
 /// Output dim of accumulator row r (0: row g, 1: row g + 8) of PV m-tile i for lane group g:
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
   const unsigned bias_low = 0x64006400u, bias_high = 0x54005400u;  // see v_quant_f16x2
 
   const std::uint8_t* k_head = p.k_plane + (long long)kv * kKBytes;
-  const std::uint8_t* v_head = p.v_plane + (long long)kv * kVBytes + 24 * (g >> 1);
+  const std::uint8_t* v_head = p.v_plane + (long long)kv * kVBytes + kQ5_1BlockBytes * (g >> 1);
   const long long lo = range.lo, hi = range.hi;
   const long long n_keys = hi - lo;
   const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);
