@@ -1,5 +1,5 @@
 // A host model of the split-K decode's arithmetic: the same partition, tiles and rounding
-// points as cuda/src/decode/decode.cu (fp16 q, per-block f32 dots, the kernel's butterfly
+// points as cuda/src/decode/decode_cuda_core.cu (fp16 q, per-block f32 dots, the kernel's butterfly
 // orders, per-tile online softmax, fp16 p, f32 PV, f32 merge). It runs without a GPU, so the
 // declared precision can be checked against the accuracy contract on every machine.
 // NOTE: not bit-exact with the GPU (host exp2f differs from CUDA's by an ulp or two; nvcc may

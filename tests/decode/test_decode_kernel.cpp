@@ -95,6 +95,53 @@ TEST(DecodePlan, MmaPlanFillsTheGpu) {
   EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 49);  // 3 per SM
 }
 
+// The one chooser: every shape gets exactly the kernel and compile-time shape the launchers hold.
+TEST(DecodePlan, TheSelectorNamesEveryKernel) {
+  using cuda::detail::DecodeKernel;
+  using cuda::detail::SplitKernel;
+  const auto pick = [](int d, int gqa, int queries, DecodeKernel family) {
+    auto p = plan_decode(8, d, gqa, 4096, 132, family);
+    cuda::detail::plan_verify(p, 64, 4096, 132);
+    return cuda::detail::select_split_kernel(p, queries);
+  };
+  const auto is = [](cuda::detail::SplitChoice c, SplitKernel k, int rows, int chunks) {
+    return c.kernel == k && c.rows == rows && c.chunks == chunks;
+  };
+  EXPECT_TRUE(is(pick(128, 8, 0, DecodeKernel::mma), SplitKernel::mma_direct, 8, 1));
+  EXPECT_TRUE(is(pick(128, 4, 0, DecodeKernel::mma), SplitKernel::mma_direct, 8, 1));
+  EXPECT_TRUE(is(pick(128, 16, 0, DecodeKernel::mma), SplitKernel::mma_staged, 16, 1));
+  EXPECT_TRUE(is(pick(64, 8, 0, DecodeKernel::mma), SplitKernel::mma_staged, 8, 1));
+  EXPECT_TRUE(is(pick(256, 12, 0, DecodeKernel::mma), SplitKernel::mma_staged, 16, 1));
+  EXPECT_TRUE(is(pick(256, 3, 0, DecodeKernel::cuda_core), SplitKernel::cuda_core, 4, 1));
+  EXPECT_TRUE(is(pick(64, 16, 0, DecodeKernel::cuda_core), SplitKernel::cuda_core, 16, 1));
+  // A verify of one query is a decode on tensor cores, whatever the family.
+  EXPECT_TRUE(is(pick(128, 8, 1, DecodeKernel::cuda_core), SplitKernel::mma_direct, 8, 1));
+  // Verify: 16-row chunks of one block's rows (at most 64; more go to blockIdx.z).
+  EXPECT_TRUE(is(pick(128, 8, 2, DecodeKernel::mma), SplitKernel::mma_verify, 16, 1));
+  EXPECT_TRUE(is(pick(128, 8, 3, DecodeKernel::mma), SplitKernel::mma_verify, 16, 2));
+  EXPECT_TRUE(is(pick(128, 8, 5, DecodeKernel::mma), SplitKernel::mma_verify, 16, 4));
+  EXPECT_TRUE(is(pick(256, 8, 16, DecodeKernel::mma), SplitKernel::mma_verify, 16, 4));
+  EXPECT_TRUE(is(pick(64, 1, 20, DecodeKernel::mma), SplitKernel::mma_verify, 16, 2));
+  EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify), "mma_verify");
+}
+
+// Verify grids: T·gqa rows in blocks of at most 64, and the shape the bound takes counts a warp's
+// tiles per stage.
+TEST(DecodePlan, VerifyRowBlocksAndShape) {
+  auto p = plan_decode(8, 128, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
+  cuda::detail::plan_verify(p, 16, 131072, 132);
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 1), 1);
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 8), 1);   // 64 rows
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 16), 2);  // 128 rows
+  EXPECT_EQ(cuda::detail::verify_splits(p, 8), p.n_splits);
+  EXPECT_EQ(cuda::detail::verify_splits(p, 16), p.n_splits / 2);
+  const kvlayer::AccumulationShape t1 = cuda::detail::verify_accumulation_shape(p, 1);
+  const kvlayer::AccumulationShape t8 = cuda::detail::verify_accumulation_shape(p, 8);
+  EXPECT_EQ(t1.pv_mma_steps, p.pv_mma_steps);  // the decode's kernel and grid
+  EXPECT_EQ(t8.pv_mma_steps, 4 * (t8.max_keys_per_split / 64));
+  EXPECT_EQ(t8.rescales, t8.pv_mma_steps + 1);
+}
+
 // The plan sizes its grid for decode_mma_blocks_per_sm resident blocks; if fewer fit (registers,
 // shared memory, carveout), the grid runs in two waves and the decode takes about twice as long.
 TEST(DecodePlan, MmaBlocksPerSmAreResident) {
@@ -577,7 +624,7 @@ TEST(DecodeEdge, CanonicalBadBlockGivesNaNOnlyWhereAttended) {
 
 // ---- The merge: more active splits than one shared-memory chunk -----------------------------
 
-/// The merge stages at most 256 splits' partials at a time (decode.cu, kMergeChunk); a view
+/// The merge stages at most 256 splits' partials at a time (merge.cu, kMergeChunk); a view
 /// spread over more splits is summed across chunks, in split order, within the same bound.
 TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
   KVLAYER_REQUIRE_GPU();

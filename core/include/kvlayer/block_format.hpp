@@ -27,8 +27,12 @@ inline constexpr int kQ5_1HighBits = 4;
 inline constexpr int kQ5_1Nibbles = 8;
 
 /// Bytes of one head's K span (q8_0) and V span (q5_1) in a row of head dim d.
-KVLAYER_HOST_DEVICE constexpr int k_head_bytes(int d) { return d / kBlockValues * kQ8_0BlockBytes; }
-KVLAYER_HOST_DEVICE constexpr int v_head_bytes(int d) { return d / kBlockValues * kQ5_1BlockBytes; }
+KVLAYER_HOST_DEVICE constexpr int k_head_bytes(int d) {
+  return d / kBlockValues * kQ8_0BlockBytes;
+}
+KVLAYER_HOST_DEVICE constexpr int v_head_bytes(int d) {
+  return d / kBlockValues * kQ5_1BlockBytes;
+}
 
 static_assert(kQ8_0Quants + kBlockValues == kQ8_0BlockBytes);
 static_assert(kQ5_1Nibbles + kBlockValues / 2 == kQ5_1BlockBytes);

@@ -16,11 +16,39 @@ struct AccumulationShape;
 
 namespace kvlayer::cuda::detail {
 
-/// Which split kernel a plan launches (both write the same partials; one merge kernel).
+/// The implementation family a plan asks for (KVLAYER_DECODE_KERNEL): select_split_kernel
+/// turns it into the kernel a launch runs.
 enum class DecodeKernel {
-  cuda_core,  ///< decode.cu: f32 FMAs on CUDA cores (the validated default)
-  mma,        ///< decode_mma.cu: mma.sync m16n8k16 f16 × f16 → f32 on tensor cores
+  cuda_core,  ///< f32 FMAs on CUDA cores (decode_cuda_core.cu; a second implementation)
+  mma,        ///< mma.sync m16n8k16 f16 × f16 → f32 on tensor cores (the default)
 };
+
+/// Every split kernel of the decode (all write the same partials; one merge, merge.cu).
+enum class SplitKernel {
+  cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
+  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, gqa ≤ 8
+  mma_staged,  ///< decode_mma.cu: cp.async stages per warp; the other head dims and gqa
+  mma_verify,  ///< decode_mma.cu: verify decodes of T ≥ 2 (SPEC §11), block-wide stages
+};
+
+struct DecodePlan;
+
+/// A launch's kernel and its compile-time shape.
+struct SplitChoice {
+  SplitKernel kernel = SplitKernel::mma_staged;
+  /// Query rows the kernel is built for: cuda_core 1, 2, 4, 8, 16 (≥ gqa); mma 8 or 16.
+  int rows = 16;
+  /// mma_verify: 16-row chunks per block (1, 2, 4; verify_block_chunks); else 1.
+  int chunks = 1;
+};
+
+/// The one kernel chooser: the split kernel a decode (queries 0) or a verify decode of T =
+/// queries runs under `plan`. A verify of one query is a decode (the decode's kernel, the §11
+/// view checks); verify decodes run on tensor cores whatever plan.kernel says.
+SplitChoice select_split_kernel(const DecodePlan& plan, int queries);
+
+/// The kernel's name, for reports ("mma_direct", …).
+const char* split_kernel_name(SplitKernel kernel);
 
 /// Fixed at construction: the grid and the scratch it needs serve every view length up to
 /// max_view_keys, so one captured graph stays valid for every token.

@@ -1,10 +1,8 @@
-// Device pieces shared by the two split kernels (decode.cu: CUDA cores, decode_mma.cu: tensor
-// cores) and the merge: the view resolution and its device-mode checks, the scratch layout of the
-// partial results and the launch parameters. Moved here unchanged from decode.cu so that both
-// kernels obey one definition.
+// Device pieces shared by the split kernels (decode_cuda_core.cu, decode_mma.cu,
+// decode_mma_direct.cu), the merge (merge.cu) and the launch (launch.cu): the view resolution
+// and its device-mode checks, the scratch layout of the partial results, the launch parameters
+// and the launchers, so that every kernel obeys one definition.
 #pragma once
-
-#include "mutants.cuh"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -14,9 +12,10 @@
 
 #include "cp_async.cuh"
 #include "decode/decode.hpp"
-#include "kvlayer/block_format.hpp"
 #include "decode/partition.hpp"
 #include "device_status.cuh"
+#include "kvlayer/block_format.hpp"
+#include "mutants.cuh"
 
 namespace kvlayer::cuda::detail::decode_impl {
 
@@ -157,6 +156,19 @@ struct SplitParams {
   void* scratch;
   DeviceStatus* status;
 };
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
+  return x;
+}
+
+/// Butterfly sum: every lane ends with the same, order-fixed result (f32 + is commutative).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(kFullMask, x, off);
+  return x;
+}
 
 // ---- Programmatic dependent launch (sm_90) -----------------------------------------------
 
@@ -326,18 +338,35 @@ __device__ __forceinline__ float f16_bits(unsigned bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
 
-/// True when decode_mma_direct.cu's kernel serves the shape (head dim 128, gqa ≤ 8).
-bool split_mma_direct_serves(int head_dim, int gqa);
+// ---- The launchers: one per split kernel, plus the merge (launch.cu calls them) -------------
+// Each runs the kernel that select_split_kernel (plan.cpp) names, with its choice's parameters.
 
-/// Resident blocks per multiprocessor of decode_mma_direct.cu's kernel (occupancy API).
-cudaError_t split_mma_direct_resident_blocks(int* blocks);
-
-/// Enqueues the register-direct tensor-core split kernel (decode_mma_direct.cu).
+/// decode_cuda_core.cu: the CUDA-core split kernel for `rows` (1, 2, 4, 8, 16) query heads.
+cudaError_t launch_split_cuda_core(const SplitParams& sp, int head_dim, int rows, dim3 grid,
+                                   cudaStream_t stream);
+/// decode_mma.cu: the staged tensor-core split kernel with `rows` (8 or 16) mma rows.
+cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int rows, dim3 grid,
+                                    cudaStream_t stream);
+/// decode_mma.cu: the verify split kernel (SPEC §11) with `chunks` (1, 2, 4) row chunks.
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int chunks, dim3 grid,
+                                    cudaStream_t stream);
+/// decode_mma_direct.cu: the register-direct tensor-core split kernel (head dim 128, gqa ≤ 8).
 cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream);
 
-/// Enqueues the tensor-core split kernel for plan.head_dim / plan.gqa: decode_mma_direct.cu's
-/// where it serves the shape, else decode_mma.cu's.
-cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3 grid,
-                             cudaStream_t stream);
+/// Resident blocks per multiprocessor (occupancy API, with the launch's attributes applied).
+cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);
+cudaError_t split_mma_direct_resident_blocks(int* blocks);
+
+/// What the merge reads and writes (merge.cu).
+struct MergeParams {
+  ViewParams view;
+  float* out;
+  int gqa, n_splits, tile_keys, n_kv, head_dim;
+  void* scratch;
+};
+
+/// merge.cu: enqueues the merge of every query row's partials as a programmatic dependent of
+/// the split grid just enqueued on `stream`.
+cudaError_t launch_merge(const MergeParams& mp, cudaStream_t stream);
 
 }  // namespace kvlayer::cuda::detail::decode_impl

@@ -1,37 +1,31 @@
-// Split-K flash-decoding on tensor cores (SPEC §8): K q8_0, V q5_1, one query token.
-// Same contract as decode.cu's split kernel: grid (n_splits, n_kv_heads), the same partition of
-// the live view, the same partial format (o, m, l) in scratch, the same device-mode checks; the
-// merge kernel of decode.cu serves both.
+// Split-K flash-decoding on tensor cores with shared-memory stages (SPEC §8, §11): K q8_0, V
+// q5_1. Two kernels of select_split_kernel: mma_staged (a decode: the head dims and gqa that
+// decode_mma_direct.cu does not serve) and mma_verify (T ≥ 2 queries, each row with its own
+// causal window). Same grid, partition of the live view, partial format and device-mode checks
+// as every split kernel (decode_common.cuh); merge.cu merges the partials.
 //
-// ---- Declared internal precision (kvlayer/accuracy.hpp derives the bound from it) -------
-//  (1) q is rounded once to fp16 (RNE). K quants are int8, exact in fp16 (converted by the
-//      0x6400 exponent trick: fp16(1024 + 128 + q) − 1152, exact). Per 32-value block the dot
-//      Σ_j q̃_j·qs_j is accumulated in f32 by two mma.sync m16n8k16 (16 products each, f32
-//      accumulator; products of fp16 operands are exact), × f32(d) (__fmul_rn), and the
-//      head_dim/32 block results are summed in f32 in block order (__fadd_rn); score = dot ×
-//      scale (__fmul_rn). NOTE: the tensor core adds the 16 products and the accumulator with
-//      its own internal alignment, not as a sequence of IEEE adds: accuracy.hpp's rounding
-//      point (5) bounds one mma by γ = 36·u32 of the sum of its addends' magnitudes.
-//  (2) Online softmax in f32 per warp, one max update per 16-key warp tile: m' = max(m, tile
-//      max), α = exp2f((m − m')·log2e) (exactly 1 when m' == m), p = exp2f((s − m')·log2e), IEEE
-//      exp2f. m starts at the finite sentinel −FLT_MAX; fmaxf ignores NaN scores, so m stays
-//      finite and a NaN score (canonical bad block) reaches the output through p.
-//  (3) p is rounded to fp16 (RNE) as the A operand of PV; the B operand is V = d·q + m
-//      computed by one fp16 fused multiply-add (HFMA2: d, m are the block's fp16 values, q is
-//      exact in fp16), i.e. the exact dequantized value rounded once to fp16 (accuracy.hpp (3)). PV
-//      accumulates in f32 mma accumulators (one per (query head, column)), a chain of
-//      max_keys_per_split/64 mma per accumulator (DecodePlan::pv_mma_steps; rounding point (5)). The row sum l uses the
-//      unrounded f32 p: per lane l·α + (4 keys), the 4 lanes of a row summed by an xor butterfly at
-//      the end.
-//  (4) The block merges its 4 warps in f32 (M = max m_w, w_w = exp2f((m_w − M)·log2e), warps in
-//      order) into one partial, then the merge kernel merges splits as for decode.cu. Per
-//      accumulator: max_keys_per_split/64 + 1 rescales (DecodePlan::max_rescales); the row sum
-//      is a per-lane f32 chain of max_keys_per_split/16 adds, 2 butterfly adds and 4 warp terms.
+// ---- Rounding points (kvlayer/accuracy.hpp (1)–(5)), as these kernels implement them -------
+//  (1) q̃ = fp16(q) (RNE); K quants exact in fp16 (fp16(1024 + 128 + q) − 1152); per 32-value
+//      block two chained mma into a fresh f32 accumulator ((5)), × f32(d) (__fmul_rn); blocks
+//      summed in block order (__fadd_rn); × scale (__fmul_rn).
+//  (2) one max update per 16-key warp tile; α, p by IEEE exp2f; finite sentinel −FLT_MAX;
+//      fmaxf ignores NaN scores, which reach the output through p.
+//  (3) p̃ = fp16(p) as PV's A operand; B = d·q + m by one HFMA2 (the exact value rounded once
+//      to fp16), or the exact f32 value on the CUDA cores for a tile holding a block beyond
+//      fp16's range (and, verify, a bad block at a row's view edge); l from the unrounded p
+//      (per lane, then an xor butterfly); PV in f32 accumulators, chains of pv_mma_steps mma
+//      ((5): max_keys_per_split/64 per warp for a decode, × the block's row chunks for verify).
+//  (4) the block merges its warps in f32 (warps in order), then merge.cu merges the splits.
+//      Rescales per accumulator: one per warp tile, + 1 (DecodePlan::max_rescales,
+//      verify_accumulation_shape).
 //
 // ---- Design ---------------------------------------------------------------------------------
-// Block = 4 independent warps; warp w owns the 16-key warp tiles w, w + 4, w + 8, … of the
-// split (so the partition granule is 64 keys) with its own online-softmax state and its own
+// Decode: block = 4 independent warps; warp w owns the 16-key warp tiles w, w + 4, w + 8, … of
+// the split (so the partition granule is 64 keys) with its own online-softmax state and its own
 // 3-stage cp.async pipeline in shared memory (no block barrier until the final merge).
+// Verify: warp w still copies tiles w + 4i, but the stages are the block's: warp w holds row
+// chunk w % c of the block's c·16 rows and consumes c of each stage's 4 tiles, so every row
+// reads one staged copy of each key (one __syncthreads per 64-key stage).
 // Per 16-key warp tile, M = 16 query-head rows (gqa ≤ 8 uses rows 0..7; the rest are zero q):
 //  QK: S[16 heads × 8 keys] per n-tile; A = q̃ fragments held in registers for the whole split,
 //      B = K quants of key n = groupID. Within a block the 32 dims are assigned to the mma's k
@@ -70,9 +64,9 @@ static_assert(kThreads == 32 * kWarps && kWK == 16);
 template <int D>
 struct MmaShape {
   static_assert(D == 64 || D == 128 || D == 256, "supported head dims: 64, 128, 256");
-  static constexpr int kBlocks = D / 32;        ///< 32-value blocks per head
-  static constexpr int kKBytes = k_head_bytes(D);  ///< K span of one head in a row
-  static constexpr int kVBytes = v_head_bytes(D);  ///< V span of one head in a row
+  static constexpr int kBlocks = D / 32;                     ///< 32-value blocks per head
+  static constexpr int kKBytes = k_head_bytes(D);            ///< K span of one head in a row
+  static constexpr int kVBytes = v_head_bytes(D);            ///< V span of one head in a row
   static constexpr int kKChunk = kKBytes / kQ8_0BlockWords;  ///< 4, 8, 16: the K span's alignment
   static constexpr int kVChunks = kVBytes / 16;
   /// Shared row strides (bytes): 4·odd words (bank-conflict-free fragments, see the header),
@@ -122,7 +116,8 @@ __device__ __forceinline__ void mma_16816_top(float (&c)[2], unsigned a0, unsign
 /// The 5-bit quants g, g + 8, g + 16, g + 24 of a q5_1 block in shared memory (bytes 0..3 of
 /// the result), from qs[g] (quants g | g+16 << 4), qs[g+8] (g+8 | g+24 << 4) and bits of qh.
 __device__ __forceinline__ unsigned v_quants5(const std::uint8_t* block, unsigned qh, int g) {
-  const unsigned x = unsigned(block[kQ5_1Nibbles + g]) | (unsigned(block[kQ5_1Nibbles + 8 + g]) << 8);
+  const unsigned x =
+      unsigned(block[kQ5_1Nibbles + g]) | (unsigned(block[kQ5_1Nibbles + 8 + g]) << 8);
   return ((x | (x << 12)) & 0x0f0f0f0fu) | (((qh >> g) << 4) & 0x10101010u);
 }
 
@@ -307,7 +302,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   // This lane's copy walks: chunk c = lane + 32·r of a tile is (key c / n, chunk c % n) for
   // n chunks per key; stepping c by 32 moves the key by 32 / n and the chunk by 32 % n (one
   // more key on wrap), so no division is left in the loop.
-  const ChunkWalk k_walk = ChunkWalk::start(lane, kQ8_0BlockWords, S::kKChunk, p.k_tok_bytes, S::kKStride);
+  const ChunkWalk k_walk =
+      ChunkWalk::start(lane, kQ8_0BlockWords, S::kKChunk, p.k_tok_bytes, S::kKStride);
   const ChunkWalk v_walk = ChunkWalk::start(lane, S::kVChunks, 16, p.v_tok_bytes, S::kVStride);
 
   // Issues the copies of this warp's i-th tile (global warp tile warp + 4i) into its stage and
@@ -380,175 +376,178 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     issue(i + kStages - 1);  // reuses the stage of tile i − 1
 
 #pragma unroll 1
-  for (int u = 0; u < kChunks; ++u) {
-    // The warp tile consumed: the warp's own (kChunks 1), else tile key_lane + kLanes·u of the
-    // stage, copied by warp j into its region; warp-uniform, in key order.
-    const int j = kChunks == 1 ? warp : key_lane + kLanes * u;
-    const long long key0 = lo + (long long)(j + kWarps * i) * kWK;
-    if (key0 >= hi) break;
-    const std::uint8_t* ks_base =
-        smem + (j * kStages + i % kStages) * S::kStageBytes;
-    const std::uint8_t* vs_base = ks_base + S::kKRegion;
-    const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
+    for (int u = 0; u < kChunks; ++u) {
+      // The warp tile consumed: the warp's own (kChunks 1), else tile key_lane + kLanes·u of the
+      // stage, copied by warp j into its region; warp-uniform, in key order.
+      const int j = kChunks == 1 ? warp : key_lane + kLanes * u;
+      const long long key0 = lo + (long long)(j + kWarps * i) * kWK;
+      if (key0 >= hi) break;
+      const std::uint8_t* ks_base = smem + (j * kStages + i % kStages) * S::kStageBytes;
+      const std::uint8_t* vs_base = ks_base + S::kKRegion;
+      const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
 
-    // ---- QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index). ----
-    float s[2][kC];
+      // ---- QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index). ----
+      float s[2][kC];
 #pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const std::uint8_t* krow = ks_base + (8 * nt + g) * S::kKStride;       // B: key n = g
-      const std::uint8_t* drow0 = ks_base + (8 * nt + 2 * t) * S::kKStride;  // C: keys 2t, 2t+1
-      const std::uint8_t* drow1 = drow0 + S::kKStride;
+      for (int nt = 0; nt < 2; ++nt) {
+        const std::uint8_t* krow = ks_base + (8 * nt + g) * S::kKStride;       // B: key n = g
+        const std::uint8_t* drow0 = ks_base + (8 * nt + 2 * t) * S::kKStride;  // C: keys 2t, 2t+1
+        const std::uint8_t* drow1 = drow0 + S::kKStride;
 #pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        unsigned z[2];
-        if (b & 1) {
-          const unsigned* u = reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b + kQ8_0Quants);
-          z[0] = u[t];
-          z[1] = u[4 + t];
-        } else {
-          const unsigned* w = reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b);
-          z[0] = w[1 + t];
-          z[1] = __byte_perm(w[ev_a], w[ev_b], ev_sel);
-        }
-        float c[kC] = {};
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-          unsigned b0, b1;
-          int8x4_to_f16x2x2(z[ks], b0, b1);
-          if constexpr (kHi)
-            mma_16816(c, qa[b][ks][0], qa[b][ks][1], qa[b][ks][2], qa[b][ks][3], b0, b1);
-          else
-            mma_16816_top(c, qa[b][ks][0], qa[b][ks][1], b0, b1);
-        }
-        const float d0 = f16_bits(*reinterpret_cast<const unsigned short*>(drow0 + kQ8_0BlockBytes * b));
-        const float d1 = f16_bits(*reinterpret_cast<const unsigned short*>(drow1 + kQ8_0BlockBytes * b));
-#pragma unroll
-        for (int e = 0; e < kC; ++e) {
-          const float x = __fmul_rn(c[e], (e & 1) ? d1 : d0);
-          s[nt][e] = b == 0 ? x : __fadd_rn(s[nt][e], x);
-        }
-      }
-#pragma unroll
-      for (int e = 0; e < kC; ++e) s[nt][e] = score_scaled(s[nt][e], p.scale);
-    }
-
-    // ---- Online softmax of the tile, per row. p[nt][c] in the C layout. ----
-    float pr[2][kC] = {};
-    float alpha[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      // Whether key 8nt + 2t + e of the tile is in this row's view.
-      const auto attends = [&](int nt, int e) {
-        const int k = 8 * nt + 2 * t + e;
-        if constexpr (kRows) return k < valid && key0 + k >= row_lo[r] && key0 + k < row_hi[r];
-        return k < valid;
-      };
-      float top = kNegSentinel;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (attends(nt, e)) top = fmaxf(top, s[nt][2 * r + e]);
-      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
-      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
-      const float m_new = fmaxf(m_run[r], top);
-      alpha[r] = m_new == m_run[r] ? 1.0f : exp2f((m_run[r] - m_new) * kLog2e);
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (attends(nt, e)) {
-            pr[nt][2 * r + e] = exp2f((s[nt][2 * r + e] - m_new) * kLog2e);
-            sum += pr[nt][2 * r + e];
+        for (int b = 0; b < NB; ++b) {
+          unsigned z[2];
+          if (b & 1) {
+            const unsigned* u =
+                reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b + kQ8_0Quants);
+            z[0] = u[t];
+            z[1] = u[4 + t];
+          } else {
+            const unsigned* w = reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b);
+            z[0] = w[1 + t];
+            z[1] = __byte_perm(w[ev_a], w[ev_b], ev_sel);
           }
-      l_run[r] = l_run[r] * alpha[r] + sum;
-      m_run[r] = m_new;
-    }
-    bool rescale = alpha[0] != 1.0f;
-    if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
-    if (__any_sync(kFullMask, rescale)) {
+          float c[kC] = {};
 #pragma unroll
-      for (int j = 0; j < NT; ++j)
+          for (int ks = 0; ks < 2; ++ks) {
+            unsigned b0, b1;
+            int8x4_to_f16x2x2(z[ks], b0, b1);
+            if constexpr (kHi)
+              mma_16816(c, qa[b][ks][0], qa[b][ks][1], qa[b][ks][2], qa[b][ks][3], b0, b1);
+            else
+              mma_16816_top(c, qa[b][ks][0], qa[b][ks][1], b0, b1);
+          }
+          const float d0 =
+              f16_bits(*reinterpret_cast<const unsigned short*>(drow0 + kQ8_0BlockBytes * b));
+          const float d1 =
+              f16_bits(*reinterpret_cast<const unsigned short*>(drow1 + kQ8_0BlockBytes * b));
 #pragma unroll
-        for (int e = 0; e < kC; ++e)
-          o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma);
-    }
+          for (int e = 0; e < kC; ++e) {
+            const float x = __fmul_rn(c[e], (e & 1) ? d1 : d0);
+            s[nt][e] = b == 0 ? x : __fadd_rn(s[nt][e], x);
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < kC; ++e) s[nt][e] = score_scaled(s[nt][e], p.scale);
+      }
 
-    // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
-    const unsigned pa0 = pack_f16x2(pr[0][0], pr[0][1]);
-    const unsigned pa2 = pack_f16x2(pr[1][0], pr[1][1]);
-    unsigned pa1 = 0u, pa3 = 0u;
-    if constexpr (kHi) {
-      pa1 = pack_f16x2(pr[0][kC - 2], pr[0][kC - 1]);
-      pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
-    }
+      // ---- Online softmax of the tile, per row. p[nt][c] in the C layout. ----
+      float pr[2][kC] = {};
+      float alpha[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        // Whether key 8nt + 2t + e of the tile is in this row's view.
+        const auto attends = [&](int nt, int e) {
+          const int k = 8 * nt + 2 * t + e;
+          if constexpr (kRows) return k < valid && key0 + k >= row_lo[r] && key0 + k < row_hi[r];
+          return k < valid;
+        };
+        float top = kNegSentinel;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (attends(nt, e)) top = fmaxf(top, s[nt][2 * r + e]);
+        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
+        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
+        const float m_new = fmaxf(m_run[r], top);
+        alpha[r] = m_new == m_run[r] ? 1.0f : exp2f((m_run[r] - m_new) * kLog2e);
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (attends(nt, e)) {
+              pr[nt][2 * r + e] = exp2f((s[nt][2 * r + e] - m_new) * kLog2e);
+              sum += pr[nt][2 * r + e];
+            }
+        l_run[r] = l_run[r] * alpha[r] + sum;
+        m_run[r] = m_new;
+      }
+      bool rescale = alpha[0] != 1.0f;
+      if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
+      if (__any_sync(kFullMask, rescale)) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < kC; ++e)
+            o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma);
+      }
 
-    // ---- PV. A V value beyond fp16's range cannot be a tensor-core operand: a tile with such
-    // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
-    // The tile's 16·NB block headers, NB / 2 per lane (header i = lane + 32r: key i % 16,
-    // block i / 16), then one vote.
-    // A verify tile whose keys some row does not attend and which holds a bad V block takes
-    // the f32 path too, skipping each row's masked keys (rare: bad blocks at a view's edge).
-    bool wide = false, bad = false;
+      // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
+      const unsigned pa0 = pack_f16x2(pr[0][0], pr[0][1]);
+      const unsigned pa2 = pack_f16x2(pr[1][0], pr[1][1]);
+      unsigned pa1 = 0u, pa3 = 0u;
+      if constexpr (kHi) {
+        pa1 = pack_f16x2(pr[0][kC - 2], pr[0][kC - 1]);
+        pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
+      }
+
+      // ---- PV. A V value beyond fp16's range cannot be a tensor-core operand: a tile with such
+      // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
+      // The tile's 16·NB block headers, NB / 2 per lane (header i = lane + 32r: key i % 16,
+      // block i / 16), then one vote.
+      // A verify tile whose keys some row does not attend and which holds a bad V block takes
+      // the f32 path too, skipping each row's masked keys (rare: bad blocks at a view's edge).
+      bool wide = false, bad = false;
 #pragma unroll
-    for (int r = 0; r < NB / 2; ++r) {
-      const int i = lane + 32 * r;
-      const unsigned dm =
-          *reinterpret_cast<const unsigned*>(vs_base + (i % 16) * S::kVStride + kQ5_1BlockBytes * (i / 16));
-      wide = wide || v_block_exceeds_f16(dm);
-      if constexpr (kRows) bad = bad || v_block_not_finite(dm);
-    }
-    bool masked_bad = false;
-    if constexpr (kRows) {
-      bool partial = false;  // some valid key of the tile outside one of this lane's rows' views
+      for (int r = 0; r < NB / 2; ++r) {
+        const int i = lane + 32 * r;
+        const unsigned dm = *reinterpret_cast<const unsigned*>(vs_base + (i % 16) * S::kVStride +
+                                                               kQ5_1BlockBytes * (i / 16));
+        wide = wide || v_block_exceeds_f16(dm);
+        if constexpr (kRows) bad = bad || v_block_not_finite(dm);
+      }
+      bool masked_bad = false;
+      if constexpr (kRows) {
+        bool partial = false;  // some valid key of the tile outside one of this lane's rows' views
 #pragma unroll
-      for (int r = 0; r < R; ++r)
-        partial = partial || (row_hi[r] > row_lo[r] &&
-                              (row_lo[r] > key0 || row_hi[r] < key0 + valid));
-      masked_bad = __any_sync(kFullMask, bad) && __any_sync(kFullMask, partial);
-    }
-    if (masked_bad) {
-      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [&](int r, int k) {
-        return key0 + k >= row_lo[r] && key0 + k < row_hi[r];
-      });
-    } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
-      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [](int, int) { return true; });
-    } else {
+        for (int r = 0; r < R; ++r)
+          partial =
+              partial || (row_hi[r] > row_lo[r] && (row_lo[r] > key0 || row_hi[r] < key0 + valid));
+        masked_bad = __any_sync(kFullMask, bad) && __any_sync(kFullMask, partial);
+      }
+      if (masked_bad) {
+        pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [&](int r, int k) {
+          return key0 + k >= row_lo[r] && key0 + k < row_hi[r];
+        });
+      } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
+        pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [](int, int) { return true; });
+      } else {
 // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
 #pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
+        for (int b = 0; b < NB; ++b) {
+          unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
 #pragma unroll
-        for (int pair = 0; pair < 2; ++pair) {
-          const std::uint8_t* blk0 = vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
-          const std::uint8_t* blk1 = blk0 + S::kVStride;
-          const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
-          const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
-          const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
-          const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
-          const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
+          for (int pair = 0; pair < 2; ++pair) {
+            const std::uint8_t* blk0 =
+                vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
+            const std::uint8_t* blk1 = blk0 + S::kVStride;
+            const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
+            const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
+            const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
+            const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
+            const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
+              // with one rounding (HFMA2).
+              const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
+              const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
+              const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
+              vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
+            }
+          }
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
-            // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
-            // with one rounding (HFMA2).
-            const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
-            const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
-            const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
-            vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
+            if constexpr (kHi)
+              mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
+            else
+              mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
+            pv_accumulators(o[4 * b + jj], MutantSite::decode_mma);
           }
         }
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-          if constexpr (kHi)
-            mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
-          else
-            mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
-          pv_accumulators(o[4 * b + jj], MutantSite::decode_mma);
-        }
       }
-    }
-  }  // u
+    }  // u
   }
   cp_async_wait<0>();  // only empty groups can remain; keep the block's exit clean anyway
 
@@ -583,11 +582,11 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
                                                       S::kOStride);
 }
 
-/// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows, kChunks> needs: the dynamic
-/// shared-memory opt-in where its stages exceed 48 KB, nothing otherwise.
-/// NOTE: the launch and the occupancy query (mma_split_resident_blocks) both apply exactly this,
-/// so a query never enables more than a launch would: the opt-in is per process, and a query
-/// that set it would let a launch succeed in that process that fails in a fresh one.
+/// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows, kChunks> needs: the
+/// dynamic shared-memory opt-in where its stages exceed 48 KB, nothing otherwise. NOTE: the launch
+/// and the occupancy query (mma_split_resident_blocks) both apply exactly this, so a query never
+/// enables more than a launch would: the opt-in is per process, and a query that set it would let a
+/// launch succeed in that process that fails in a fresh one.
 template <int D, int GM, bool kRows = false, int kChunks = 1>
 cudaError_t apply_launch_attributes() {
   constexpr int smem = MmaShape<D>::kSmemBytes;
@@ -613,21 +612,15 @@ cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
 template <int D, int GM>
 cudaError_t resident_blocks(int* blocks) {
   if (const cudaError_t err = apply_launch_attributes<D, GM>(); err != cudaSuccess) return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode_split_mma_kernel<D, GM, false>,
-                                                       kThreads, MmaShape<D>::kSmemBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, decode_split_mma_kernel<D, GM, false>, kThreads, MmaShape<D>::kSmemBytes);
 }
 
+/// A verify decode: the block's rows in `chunks` (1, 2 or 4) chunks of 16.
 template <int D>
-cudaError_t launch_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  return sp.gqa <= 8 ? launch<D, 8>(sp, grid, stream) : launch<D, 16>(sp, grid, stream);
-}
-
-/// A verify decode of T ≥ 2 queries: the block's rows (verify_rows_per_block) in 1, 2 or 4
-/// chunks of 16.
-template <int D>
-cudaError_t launch_rows_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  const int rows = verify_rows_per_block(query_rows(sp.view.queries, sp.gqa), int(grid.z));
-  switch (verify_block_chunks(rows)) {
+cudaError_t launch_verify_for_dim(const SplitParams& sp, int chunks, dim3 grid,
+                                  cudaStream_t stream) {
+  switch (chunks) {
     case 1:
       return launch<D, 16, true, 1>(sp, grid, stream);
     case 2:
@@ -639,48 +632,46 @@ cudaError_t launch_rows_for_dim(const SplitParams& sp, dim3 grid, cudaStream_t s
 
 }  // namespace
 
-cudaError_t launch_split_mma(const SplitParams& sp, const DecodePlan& plan, dim3 grid,
-                             cudaStream_t stream) {
-  // A verify decode of one query is a decode with the §11 checks (resolve_view): the decode's
-  // kernel serves it.
-  if (sp.view.queries > 1) {
-    switch (plan.head_dim) {
-      case 64:
-        return launch_rows_for_dim<64>(sp, grid, stream);
-      case 128:
-        return launch_rows_for_dim<128>(sp, grid, stream);
-      default:
-        return launch_rows_for_dim<256>(sp, grid, stream);
-    }
-  }
-  if (split_mma_direct_serves(plan.head_dim, plan.gqa))
-    return launch_split_mma_direct(sp, grid, stream);
-  switch (plan.head_dim) {
+// NOTE: head dim 128 with ≤ 8 rows is decode_mma_direct.cu's shape (select_split_kernel), so
+// no <128, 8> instance is built.
+cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int rows, dim3 grid,
+                                    cudaStream_t stream) {
+  switch (head_dim) {
     case 64:
-      return launch_for_dim<64>(sp, grid, stream);
+      return rows <= 8 ? launch<64, 8>(sp, grid, stream) : launch<64, 16>(sp, grid, stream);
     case 128:
-      return launch_for_dim<128>(sp, grid, stream);
+      return launch<128, 16>(sp, grid, stream);
     default:
-      return launch_for_dim<256>(sp, grid, stream);
+      return rows <= 8 ? launch<256, 8>(sp, grid, stream) : launch<256, 16>(sp, grid, stream);
+  }
+}
+
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int chunks, dim3 grid,
+                                    cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return launch_verify_for_dim<64>(sp, chunks, grid, stream);
+    case 128:
+      return launch_verify_for_dim<128>(sp, chunks, grid, stream);
+    default:
+      return launch_verify_for_dim<256>(sp, chunks, grid, stream);
+  }
+}
+
+cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks) {
+  switch (head_dim) {
+    case 64:
+      return rows <= 8 ? resident_blocks<64, 8>(blocks) : resident_blocks<64, 16>(blocks);
+    case 128:
+      return resident_blocks<128, 16>(blocks);
+    default:
+      return rows <= 8 ? resident_blocks<256, 8>(blocks) : resident_blocks<256, 16>(blocks);
   }
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl
 
 namespace kvlayer::cuda::detail {
-
-cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
-  using namespace decode_impl;
-  if (split_mma_direct_serves(head_dim, gqa)) return split_mma_direct_resident_blocks(blocks);
-  switch (head_dim) {
-    case 64:
-      return gqa <= 8 ? resident_blocks<64, 8>(blocks) : resident_blocks<64, 16>(blocks);
-    case 128:
-      return resident_blocks<128, 16>(blocks);
-    default:
-      return gqa <= 8 ? resident_blocks<256, 8>(blocks) : resident_blocks<256, 16>(blocks);
-  }
-}
 
 KVLAYER_DEFINE_MUTANT_UNIT(decode_mma)
 }  // namespace kvlayer::cuda::detail

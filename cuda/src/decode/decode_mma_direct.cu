@@ -1,7 +1,7 @@
 // Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8), head dim 128 and
 // gqa ≤ 8: the default kernel for that shape. Same contract as decode_mma.cu (grid, partition of
 // the live view in 64-key granules, partial format, device-mode checks, merge kernel) and the
-// same declared internal precision, point for point (decode_mma.cu's header; accuracy.hpp):
+// same rounding points, point for point (kvlayer/accuracy.hpp (1)–(5)):
 //  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh f32
 //      accumulator, × f32(d), blocks summed in block order: block 0 by __fmul_rn, each later
 //      block by fmaf(c, d, s) (one rounding where decode_mma.cu has two), × scale (__fmul_rn).
@@ -440,15 +440,11 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o_s[warp][2 * t + (e & 1)][v_dim(m, g, e >> 1)] = o[m][e];
   __syncthreads();
-  merge_warps_into_partial<kWarps, kThreads>(range, kD, kHeads, &m_s[0][0], &l_s[0][0],
-                                             &w_s[0][0], &o_s[0][0][0], kOStride);
+  merge_warps_into_partial<kWarps, kThreads>(range, kD, kHeads, &m_s[0][0], &l_s[0][0], &w_s[0][0],
+                                             &o_s[0][0][0], kOStride);
 }
 
 }  // namespace
-
-bool split_mma_direct_serves(int head_dim, int gqa) {
-  return head_dim == kD && gqa <= kHeads;
-}
 
 cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
   decode_split_mma_direct_kernel<<<grid, kThreads, 0, stream>>>(sp);

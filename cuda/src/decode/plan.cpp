@@ -7,8 +7,8 @@
 
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
-#include "kvlayer/error.hpp"
 #include "kvlayer/accuracy.hpp"
+#include "kvlayer/error.hpp"
 
 namespace kvlayer::cuda::detail {
 
@@ -104,9 +104,40 @@ int verify_row_chunks(const DecodePlan& plan, int T) {
 int verify_splits(const DecodePlan& plan, int T) {
   // As plan_decode: one resident wave of blocks, shared by the row blocks, no split shorter
   // than a tile.
-  const std::int64_t max_tiles = (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
-  const std::int64_t splits = plan.verify_blocks / (std::int64_t(plan.n_kv_heads) * verify_row_chunks(plan, T));
-  return int(std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits)));
+  const std::int64_t max_tiles =
+      (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
+  const std::int64_t splits =
+      plan.verify_blocks / (std::int64_t(plan.n_kv_heads) * verify_row_chunks(plan, T));
+  return int(
+      std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits)));
+}
+
+SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
+  if (queries >= 2) {
+    const int rows = verify_rows_per_block(queries * plan.gqa, verify_row_chunks(plan, queries));
+    return {SplitKernel::mma_verify, 16, verify_block_chunks(rows)};
+  }
+  if (plan.kernel == DecodeKernel::cuda_core && queries == 0) {
+    int rows = 1;
+    while (rows < plan.gqa) rows *= 2;
+    return {SplitKernel::cuda_core, rows, 1};
+  }
+  if (plan.head_dim == 128 && plan.gqa <= 8) return {SplitKernel::mma_direct, 8, 1};
+  return {SplitKernel::mma_staged, plan.gqa <= 8 ? 8 : 16, 1};
+}
+
+const char* split_kernel_name(SplitKernel kernel) {
+  switch (kernel) {
+    case SplitKernel::cuda_core:
+      return "cuda_core";
+    case SplitKernel::mma_direct:
+      return "mma_direct";
+    case SplitKernel::mma_staged:
+      return "mma_staged";
+    case SplitKernel::mma_verify:
+      return "mma_verify";
+  }
+  return "?";
 }
 
 kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T) {
@@ -115,9 +146,7 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
       decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys);
   // A warp of a block with c row chunks consumes c of each 64-key stage's four 16-key tiles
   // (T = 1: the decode's kernel, one tile per stage).
-  const int chunks =
-      T <= 1 ? 1
-             : verify_block_chunks(verify_rows_per_block(T * plan.gqa, verify_row_chunks(plan, T)));
+  const int chunks = select_split_kernel(plan, T).chunks;
   kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = kps;
   shape.n_splits = splits;

@@ -1,0 +1,99 @@
+// launch_decode: checks a launch's plan and arguments, resolves its parameters and enqueues the
+// split kernel select_split_kernel names, then the merge (merge.cu). Host code only: the kernels
+// are behind their launchers (decode_common.cuh).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decode/decode.hpp"
+#include "decode/decode_common.cuh"
+#include "decode/partition.hpp"
+
+namespace kvlayer::cuda::detail {
+
+using namespace decode_impl;  // NOLINT(google-build-using-namespace): the launchers
+
+cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStream_t stream) {
+  // Plan and arguments: refuse anything the kernels were not built for (no device work).
+  const bool plan_ok = (plan.head_dim == 64 || plan.head_dim == 128 || plan.head_dim == 256) &&
+                       plan.gqa >= 1 && plan.gqa <= 16 && plan.n_kv_heads >= 1 &&
+                       plan.n_kv_heads <= 65535 && plan.n_splits >= 1 &&
+                       plan.n_splits <= kDecodeMaxSplits && plan.max_view_keys >= 1 &&
+                       ((plan.kernel == DecodeKernel::cuda_core &&
+                         plan.tile_keys == decode_tile_keys(plan.head_dim)) ||
+                        (plan.kernel == DecodeKernel::mma && plan.tile_keys == kDecodeMmaTileKeys));
+  const int T = a.queries;
+  const bool verify = T > 0;
+  if (!plan_ok || T < 0 || (verify && T > plan.max_verify)) return cudaErrorInvalidValue;
+  const long long max_view = verify ? plan.verify_max_view_keys : plan.max_view_keys;
+  const auto misaligned = [](const void* ptr) {
+    return reinterpret_cast<std::uintptr_t>(ptr) % kDecodePlaneAlignment != 0;
+  };
+  if (a.k_plane == nullptr || a.v_plane == nullptr || a.q == nullptr || a.out == nullptr ||
+      a.scratch == nullptr || misaligned(a.k_plane) || misaligned(a.v_plane) || a.rows < 0 ||
+      a.max_ctx < 0 || a.window < 0)
+    return cudaErrorInvalidValue;
+  if (a.len_d != nullptr && a.status == nullptr) return cudaErrorInvalidValue;
+  if (a.len_d == nullptr) {
+    // Host mode: the same checks the device makes, made here so a bad view launches nothing.
+    const long long len = a.host_len, base = a.host_base;
+    const long long first_end = T > 1 ? len - T + 1 : len;
+    const long long begin = a.window > 0 ? (first_end > a.window ? first_end - a.window : 0) : 0;
+    if (len < 0 || len > a.max_ctx || (verify && len < T) || base < 0 || begin < base ||
+        len - base > a.rows || len - begin > max_view)
+      return cudaErrorInvalidValue;
+  }
+
+  const ViewParams vp{a.len_d,   a.base_d, a.host_len, a.host_base, a.window, a.rows,
+                      a.max_ctx, max_view, T};
+  const int n_splits = verify ? verify_splits(plan, T) : plan.n_splits;
+  const SplitParams sp{vp,
+                       a.k_plane,
+                       a.v_plane,
+                       plan.n_kv_heads * k_head_bytes(plan.head_dim),
+                       plan.n_kv_heads * v_head_bytes(plan.head_dim),
+                       a.q,
+                       a.scale,
+                       plan.gqa,
+                       n_splits,
+                       a.scratch,
+                       a.status};
+  const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(plan.n_kv_heads),
+                  static_cast<unsigned>(verify ? verify_row_chunks(plan, T) : 1));
+  const SplitChoice choice = select_split_kernel(plan, T);
+  cudaError_t err = cudaSuccess;
+  switch (choice.kernel) {
+    case SplitKernel::cuda_core:
+      err = launch_split_cuda_core(sp, plan.head_dim, choice.rows, grid, stream);
+      break;
+    case SplitKernel::mma_direct:
+      err = launch_split_mma_direct(sp, grid, stream);
+      break;
+    case SplitKernel::mma_staged:
+      err = launch_split_mma_staged(sp, plan.head_dim, choice.rows, grid, stream);
+      break;
+    case SplitKernel::mma_verify:
+      err = launch_split_mma_verify(sp, plan.head_dim, choice.chunks, grid, stream);
+      break;
+  }
+  if (err != cudaSuccess) return err;
+  if (err = cudaGetLastError(); err != cudaSuccess) return err;
+
+  const int tile_keys =
+      choice.kernel == SplitKernel::cuda_core ? plan.tile_keys : kDecodeMmaTileKeys;
+  const MergeParams mp{vp,        a.out,           plan.gqa,      n_splits,
+                       tile_keys, plan.n_kv_heads, plan.head_dim, a.scratch};
+  return launch_merge(mp, stream);
+}
+
+cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
+  DecodePlan plan;
+  plan.head_dim = head_dim;
+  plan.gqa = gqa;
+  plan.kernel = DecodeKernel::mma;
+  const SplitChoice choice = select_split_kernel(plan, 0);
+  if (choice.kernel == SplitKernel::mma_direct) return split_mma_direct_resident_blocks(blocks);
+  return split_mma_staged_resident_blocks(head_dim, choice.rows, blocks);
+}
+
+}  // namespace kvlayer::cuda::detail
