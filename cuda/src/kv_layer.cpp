@@ -45,10 +45,11 @@ static_assert(kPlaneTailBytes == detail::kPlaneTailBytes);
 void check_supported(const Geometry& g, int n_q_heads, int max_verify) {
   if (g.head_dim_k != g.head_dim_v)
     refuse(kCtor, "head_dim_k ", g.head_dim_k, " != head_dim_v ", g.head_dim_v,
-           ": the CUDA layer supports equal K and V head dims of 64, 128 or 256");
-  if (std::find(std::begin(kSupportedHeadDims), std::end(kSupportedHeadDims), g.head_dim_k) ==
-      std::end(kSupportedHeadDims))
-    refuse(kCtor, "head_dim ", g.head_dim_k, " is not supported (supported: 64, 128, 256)");
+           ": the CUDA layer supports equal K and V head dims (supported: ",
+           supported_head_dims(), ")");
+  if (!head_dim_supported(g.head_dim_k))
+    refuse(kCtor, "head_dim ", g.head_dim_k, " is not supported (supported: ",
+           supported_head_dims(), ")");
   if (n_q_heads < 1 || n_q_heads % g.n_kv_heads != 0)
     refuse(kCtor, "n_q_heads ", n_q_heads, " must be a positive multiple of n_kv_heads ",
            g.n_kv_heads);

@@ -185,6 +185,19 @@ TEST(DecodePlan, RefusesUnsupportedGeometry) {
   expect_refused([] { plan_decode(8, 128, 17, 1024, 132); }, "gqa 17");
   expect_refused([] { plan_decode(8, 128, 0, 1024, 132); }, "1..16");
   expect_refused([] { plan_decode(8, 128, 8, 0, 132); }, "max_view_keys 0");
+  expect_refused([] { plan_decode(65536, 128, 8, 1024, 132); }, "[1, 65535]");
+  auto p = plan_decode(8, 128, 8, 1024, 132);
+  expect_refused([&] { cuda::detail::plan_verify(p, 65, 1024, 132); }, "max_verify 65");
+}
+
+// The limits table the refusals are built from.
+TEST(DecodePlan, LimitsTable) {
+  EXPECT_EQ(cuda::supported_head_dims(), "64, 128, 256");
+  for (const int d : {64, 128, 256}) EXPECT_TRUE(cuda::head_dim_supported(d)) << d;
+  for (const int d : {0, 32, 96, 192, 512}) EXPECT_FALSE(cuda::head_dim_supported(d)) << d;
+  EXPECT_EQ(cuda::kMaxGqa, 16);
+  EXPECT_GE(cuda::kMaxVerify, 16);  // SPEC §11
+  EXPECT_LE(cuda::kDefaultMaxVerify, cuda::kMaxVerify);
 }
 
 // ---- Flat layers: lengths × head dims × gqa × plans ------------------------------------------

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "../device_status.cuh"
+#include "kvlayer/cuda/limits.hpp"
 
 namespace kvlayer {
 struct AccumulationShape;
@@ -87,9 +88,6 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 /// [1, 2^31 − 1].
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
                  int multiprocessor_count);
-
-/// The most queries a verify decode takes (query rows per KV head: up to 16 × 16).
-inline constexpr int kMaxVerify = 64;
 
 /// Row blocks of a verify decode of T queries (blockIdx.z): kVerifyRowsPerBlock (64) query rows
 /// each, one when all T·gqa rows fit one block (T = 1: the decode's grid).

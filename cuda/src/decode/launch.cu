@@ -8,6 +8,7 @@
 #include "decode/decode.hpp"
 #include "decode/decode_common.cuh"
 #include "decode/partition.hpp"
+#include "kvlayer/cuda/limits.hpp"
 
 namespace kvlayer::cuda::detail {
 
@@ -15,10 +16,10 @@ using namespace decode_impl;  // NOLINT(google-build-using-namespace): the launc
 
 cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStream_t stream) {
   // Plan and arguments: refuse anything the kernels were not built for (no device work).
-  const bool plan_ok = (plan.head_dim == 64 || plan.head_dim == 128 || plan.head_dim == 256) &&
-                       plan.gqa >= 1 && plan.gqa <= 16 && plan.n_kv_heads >= 1 &&
-                       plan.n_kv_heads <= 65535 && plan.n_splits >= 1 &&
-                       plan.n_splits <= kDecodeMaxSplits && plan.max_view_keys >= 1 &&
+  const bool plan_ok = head_dim_supported(plan.head_dim) && plan.gqa >= 1 && plan.gqa <= kMaxGqa &&
+                       plan.n_kv_heads >= 1 && plan.n_kv_heads <= kMaxKvHeads &&
+                       plan.n_splits >= 1 && plan.n_splits <= kDecodeMaxSplits &&
+                       plan.max_view_keys >= 1 &&
                        ((plan.kernel == DecodeKernel::cuda_core &&
                          plan.tile_keys == decode_tile_keys(plan.head_dim)) ||
                         (plan.kernel == DecodeKernel::mma && plan.tile_keys == kDecodeMmaTileKeys));

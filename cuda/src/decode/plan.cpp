@@ -8,6 +8,7 @@
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
 #include "kvlayer/accuracy.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/error.hpp"
 
 namespace kvlayer::cuda::detail {
@@ -31,13 +32,13 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count, DecodeKernel kernel) {
   const char* op = "plan_decode";
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+  if (!head_dim_supported(head_dim))
     refuse(op, "head_dim ", head_dim,
-           " is not supported by the CUDA decode (supported: 64, 128, 256)");
-  if (gqa < 1 || gqa > 16)
-    refuse(op, "gqa ", gqa, " is not supported by the CUDA decode (supported: 1..16)");
-  if (n_kv_heads < 1 || n_kv_heads > 65535)
-    refuse(op, "n_kv_heads ", n_kv_heads, " is outside the supported range [1, 65535]");
+           " is not supported by the CUDA decode (supported: ", supported_head_dims(), ")");
+  if (gqa < 1 || gqa > kMaxGqa)
+    refuse(op, "gqa ", gqa, " is not supported by the CUDA decode (supported: 1..", kMaxGqa, ")");
+  if (n_kv_heads < 1 || n_kv_heads > kMaxKvHeads)
+    refuse(op, "n_kv_heads ", n_kv_heads, " is outside the supported range [1, ", kMaxKvHeads, "]");
   if (max_view_keys < 1 || max_view_keys > std::numeric_limits<std::int32_t>::max())
     refuse(op, "max_view_keys ", max_view_keys, " is outside [1, 2^31 - 1]");
   if (multiprocessor_count < 1)

@@ -39,6 +39,7 @@
 
 #include "kvlayer/dtype.hpp"
 #include "kvlayer/geometry.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/status.hpp"
 
 namespace kvlayer {
@@ -66,14 +67,6 @@ struct DecodePlanInfo {
   std::size_t scratch_bytes = 0;        ///< split scratch, allocated once
 };
 
-/// Head dims the CUDA decode supports (K and V equal).
-inline constexpr int kSupportedHeadDims[] = {64, 128, 256};
-/// Largest supported n_q_heads / n_kv_heads.
-inline constexpr int kMaxGqa = 16;
-/// max_verify of a layer constructed without one (SPEC §11: at least 16 supported).
-inline constexpr int kDefaultMaxVerify = 16;
-/// Largest supported max_verify.
-inline constexpr int kMaxVerify = 64;
 /// Bytes allocated past the last row of each plane, zeroed at construction and never written
 /// (kernels may issue 16-byte loads running past a row's end; SPEC §1).
 inline constexpr std::size_t kPlaneTailBytes = 256;
