@@ -170,6 +170,19 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// ---- Online softmax: the rounding points every kernel shares (accuracy.hpp (2), (4)) ---------
+
+/// The weight of a state whose max is m once the max is m_new ≥ m (a rescale α, or a merge
+/// weight): exactly 1 when m_new == m, else IEEE exp2f((m − m_new)·log2e).
+__device__ __forceinline__ float softmax_rescale(float m, float m_new) {
+  return m_new == m ? 1.0f : exp2f((m - m_new) * kLog2e);
+}
+
+/// p of a score s under the running max m: IEEE exp2f((s − m)·log2e), in f32.
+__device__ __forceinline__ float softmax_weight(float s, float m) {
+  return exp2f((s - m) * kLog2e);
+}
+
 // ---- Programmatic dependent launch (sm_90) -----------------------------------------------
 
 /// Split kernels: lets the merge grid, launched with programmatic stream serialization, be
@@ -266,7 +279,7 @@ __device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, in
 #pragma unroll
     for (int k = 0; k < lanes; ++k) {
       const float mw = m_s[slot(k, tid)];
-      const float wt = mw == top ? 1.0f : exp2f((mw - top) * kLog2e);
+      const float wt = softmax_rescale(mw, top);
       w_s[slot(k, tid)] = wt;
       den = fmaf(l_s[slot(k, tid)], wt, den);
     }

@@ -229,12 +229,12 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
         for (int t = lane; t < valid; t += 32) top = fmaxf(top, s_s[g][t]);
         top = warp_max(top);
         const float m_new = fmaxf(m_run[k], top);
-        const float alpha = m_new == m_run[k] ? 1.0f : exp2f((m_run[k] - m_new) * kLog2e);
+        const float alpha = softmax_rescale(m_run[k], m_new);
         float sum = 0.0f;
         for (int t = lane; t < T; t += 32) {
           float pt = 0.0f;
           if (t < valid) {
-            pt = exp2f((s_s[g][t] - m_new) * kLog2e);
+            pt = softmax_weight(s_s[g][t], m_new);
             sum += pt;
           }
           p_s[t][g] = round_to_f16(pt);

@@ -450,14 +450,14 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
         top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
         top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
         const float m_new = fmaxf(m_run[r], top);
-        alpha[r] = m_new == m_run[r] ? 1.0f : exp2f((m_run[r] - m_new) * kLog2e);
+        alpha[r] = softmax_rescale(m_run[r], m_new);
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
           for (int e = 0; e < 2; ++e)
             if (attends(nt, e)) {
-              pr[nt][2 * r + e] = exp2f((s[nt][2 * r + e] - m_new) * kLog2e);
+              pr[nt][2 * r + e] = softmax_weight(s[nt][2 * r + e], m_new);
               sum += pr[nt][2 * r + e];
             }
         l_run[r] = l_run[r] * alpha[r] + sum;

@@ -317,9 +317,9 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
       top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 8));
       top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 16));
       const float m_new = fmaxf(m_run[hh], top);
-      alpha[hh] = m_new == m_run[hh] ? 1.0f : exp2f((m_run[hh] - m_new) * kLog2e);
-      pr[hh] = valid0 ? exp2f((s[hh] - m_new) * kLog2e) : 0.0f;
-      pr[2 + hh] = valid1 ? exp2f((s[2 + hh] - m_new) * kLog2e) : 0.0f;
+      alpha[hh] = softmax_rescale(m_run[hh], m_new);
+      pr[hh] = valid0 ? softmax_weight(s[hh], m_new) : 0.0f;
+      pr[2 + hh] = valid1 ? softmax_weight(s[2 + hh], m_new) : 0.0f;
       l_run[hh] = l_run[hh] * alpha[hh] + (pr[hh] + pr[2 + hh]);
       m_run[hh] = m_new;
     }

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   for (int i = 0; i < kMergeThreads / 32; ++i) top = fmaxf(top, red_s[i]);
   for (int i = tid; i < active; i += kMergeThreads) {
     const float mi = s.m[(part0 + i) * rows + g];
-    w_s[i] = mi == top ? 1.0f : exp2f((mi - top) * kLog2e);
+    w_s[i] = softmax_rescale(mi, top);
   }
 
   float num = 0.0f, den = 0.0f;
