@@ -33,6 +33,21 @@
 
 namespace kvlayer::testing {
 
+/// Enqueues one device-counter step on `layer` (append one row, inc_seqlen, decode; the windowed
+/// variants on a windowed layer) reading fixed input buffers, as a captured decode step does.
+inline void device_counter_step(cuda::KvLayer& layer, const cuda::RowsView& row, const float* q,
+                                float* out) {
+  if (layer.geometry().window) {
+    layer.append_dcw(row);
+    layer.inc_seqlen();
+    layer.decode_dcw(q, out);
+  } else {
+    layer.append_dc(row);
+    layer.inc_seqlen();
+    layer.decode_dc(q, out);
+  }
+}
+
 using cuda::DeviceBuffer;
 
 // ---- inputs --------------------------------------------------------------------------------

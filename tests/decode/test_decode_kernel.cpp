@@ -104,24 +104,36 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
     cuda::detail::plan_verify(p, 64, 4096, 132);
     return cuda::detail::select_split_kernel(p, queries);
   };
-  const auto is = [](cuda::detail::SplitChoice c, SplitKernel k, int rows, int chunks) {
-    return c.kernel == k && c.rows == rows && c.chunks == chunks;
+  struct Case {
+    int d, gqa, queries;
+    DecodeKernel family;
+    SplitKernel kernel;
+    int rows, chunks;
   };
-  EXPECT_TRUE(is(pick(128, 8, 0, DecodeKernel::mma), SplitKernel::mma_direct, 8, 1));
-  EXPECT_TRUE(is(pick(128, 4, 0, DecodeKernel::mma), SplitKernel::mma_direct, 8, 1));
-  EXPECT_TRUE(is(pick(128, 16, 0, DecodeKernel::mma), SplitKernel::mma_staged, 16, 1));
-  EXPECT_TRUE(is(pick(64, 8, 0, DecodeKernel::mma), SplitKernel::mma_staged, 8, 1));
-  EXPECT_TRUE(is(pick(256, 12, 0, DecodeKernel::mma), SplitKernel::mma_staged, 16, 1));
-  EXPECT_TRUE(is(pick(256, 3, 0, DecodeKernel::cuda_core), SplitKernel::cuda_core, 4, 1));
-  EXPECT_TRUE(is(pick(64, 16, 0, DecodeKernel::cuda_core), SplitKernel::cuda_core, 16, 1));
-  // A verify of one query is a decode on tensor cores, whatever the family.
-  EXPECT_TRUE(is(pick(128, 8, 1, DecodeKernel::cuda_core), SplitKernel::mma_direct, 8, 1));
-  // Verify: 16-row chunks of one block's rows (at most 64; more go to blockIdx.z).
-  EXPECT_TRUE(is(pick(128, 8, 2, DecodeKernel::mma), SplitKernel::mma_verify, 16, 1));
-  EXPECT_TRUE(is(pick(128, 8, 3, DecodeKernel::mma), SplitKernel::mma_verify, 16, 2));
-  EXPECT_TRUE(is(pick(128, 8, 5, DecodeKernel::mma), SplitKernel::mma_verify, 16, 4));
-  EXPECT_TRUE(is(pick(256, 8, 16, DecodeKernel::mma), SplitKernel::mma_verify, 16, 4));
-  EXPECT_TRUE(is(pick(64, 1, 20, DecodeKernel::mma), SplitKernel::mma_verify, 16, 2));
+  const Case cases[] = {
+      {128, 8, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8, 1},
+      {128, 4, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8, 1},
+      {128, 16, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16, 1},
+      {64, 8, 0, DecodeKernel::mma, SplitKernel::mma_staged, 8, 1},
+      {256, 12, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16, 1},
+      {256, 3, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 4, 1},
+      {64, 16, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 16, 1},
+      // A verify of one query is a decode on tensor cores, whatever the family.
+      {128, 8, 1, DecodeKernel::cuda_core, SplitKernel::mma_direct, 8, 1},
+      // Verify: 16-row chunks of one block's rows (at most 64; more go to blockIdx.z).
+      {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16, 1},
+      {128, 8, 3, DecodeKernel::mma, SplitKernel::mma_verify, 16, 2},
+      {128, 8, 5, DecodeKernel::mma, SplitKernel::mma_verify, 16, 4},
+      {256, 8, 16, DecodeKernel::mma, SplitKernel::mma_verify, 16, 4},
+      {64, 1, 20, DecodeKernel::mma, SplitKernel::mma_verify, 16, 2},
+  };
+  for (const Case& c : cases) {
+    const cuda::detail::SplitChoice got = pick(c.d, c.gqa, c.queries, c.family);
+    EXPECT_TRUE(got.kernel == c.kernel && got.rows == c.rows && got.chunks == c.chunks)
+        << "D " << c.d << " gqa " << c.gqa << " queries " << c.queries << ": got "
+        << cuda::detail::split_kernel_name(got.kernel) << " rows " << got.rows << " chunks "
+        << got.chunks << ", expected " << cuda::detail::split_kernel_name(c.kernel);
+  }
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify), "mma_verify");
 }
 

@@ -29,25 +29,12 @@ struct GraphCase {
   int tokens;
 };
 
-/// Enqueues one device-counter step on `layer` reading the fixed input buffers.
-void step(cuda::KvLayer& layer, const cuda::RowsView& row, const float* q, float* out) {
-  if (layer.geometry().window) {
-    layer.append_dcw(row);
-    layer.inc_seqlen();
-    layer.decode_dcw(q, out);
-  } else {
-    layer.append_dc(row);
-    layer.inc_seqlen();
-    layer.decode_dc(q, out);
-  }
-}
-
 /// Captures one step of `layer` on `stream`; ends the capture even when a call throws.
 Graph capture_step(cuda::KvLayer& layer, const cuda::RowsView& row, const float* q, float* out,
                    cudaStream_t stream) {
   KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
-    step(layer, row, q, out);
+    device_counter_step(layer, row, q, out);
   } catch (...) {
     cudaGraph_t partial = nullptr;
     (void)cudaStreamEndCapture(stream, &partial);
@@ -109,7 +96,7 @@ void run_case(const GraphCase& c) {
       out_replayed.poison(s);
       out_eager.poison(s);
       graph.launch(s);
-      step(eager, row, q_in.get(), out_eager.get());
+      device_counter_step(eager, row, q_in.get(), out_eager.get());
 
       std::optional<std::vector<double>> want;
       ref::DecodeView view;

@@ -513,19 +513,6 @@ TEST(MultiGpu, LayersOnTwoDevicesUsedAlternatelyMatchTheReference) {
   }
 }
 
-/// One device-counter step of x reading its fixed input buffers (graph_test's step).
-void step(cuda::KvLayer& layer, const cuda::RowsView& row, const float* q, float* out) {
-  if (layer.geometry().window) {
-    layer.append_dcw(row);
-    layer.inc_seqlen();
-    layer.decode_dcw(q, out);
-  } else {
-    layer.append_dc(row);
-    layer.inc_seqlen();
-    layer.decode_dc(q, out);
-  }
-}
-
 TEST(MultiGpu, GraphsCapturedPerDeviceReplayInterleaved) {
   KVLAYER_REQUIRE_TWO_GPUS();
   struct Captured {
@@ -558,7 +545,7 @@ TEST(MultiGpu, GraphsCapturedPerDeviceReplayInterleaved) {
     const cuda::RowsView row{c.k_in->get(), c.v_in->get(), 1, c.dtype};
     try {
       const DeviceGuard at_other(other);
-      step(*x.gpu, row, c.q_in->get(), c.out->get());
+      device_counter_step(*x.gpu, row, c.q_in->get(), c.out->get());
       EXPECT_EQ(current_device(), other);
     } catch (...) {
       on_device(x.device, [&] {
