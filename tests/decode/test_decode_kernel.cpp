@@ -99,58 +99,55 @@ TEST(DecodePlan, MmaPlanFillsTheGpu) {
 TEST(DecodePlan, TheSelectorNamesEveryKernel) {
   using cuda::detail::DecodeKernel;
   using cuda::detail::SplitKernel;
-  const auto pick = [](int d, int gqa, int queries, DecodeKernel family) {
-    auto p = plan_decode(8, d, gqa, 4096, 132, family);
-    cuda::detail::plan_verify(p, 64, 4096, 132);
-    return cuda::detail::select_split_kernel(p, queries);
-  };
   struct Case {
     int d, gqa, queries;
     DecodeKernel family;
     SplitKernel kernel;
-    int rows, chunks;
+    int rows;
   };
   const Case cases[] = {
-      {128, 8, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8, 1},
-      {128, 4, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8, 1},
-      {128, 16, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16, 1},
-      {64, 8, 0, DecodeKernel::mma, SplitKernel::mma_staged, 8, 1},
-      {256, 12, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16, 1},
-      {256, 3, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 4, 1},
-      {64, 16, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 16, 1},
+      {128, 8, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
+      {128, 4, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
+      {128, 16, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16},
+      {64, 8, 0, DecodeKernel::mma, SplitKernel::mma_staged, 8},
+      {256, 12, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16},
+      {256, 3, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 4},
+      {64, 16, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 16},
       // A verify of one query is a decode on tensor cores, whatever the family.
-      {128, 8, 1, DecodeKernel::cuda_core, SplitKernel::mma_direct, 8, 1},
-      // Verify: 16-row chunks of one block's rows (at most 64; more go to blockIdx.z).
-      {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16, 1},
-      {128, 8, 3, DecodeKernel::mma, SplitKernel::mma_verify, 16, 2},
-      {128, 8, 5, DecodeKernel::mma, SplitKernel::mma_verify, 16, 4},
-      {256, 8, 16, DecodeKernel::mma, SplitKernel::mma_verify, 16, 4},
-      {64, 1, 20, DecodeKernel::mma, SplitKernel::mma_verify, 16, 2},
+      {128, 8, 1, DecodeKernel::cuda_core, SplitKernel::mma_direct, 8},
+      {64, 16, 1, DecodeKernel::mma, SplitKernel::mma_staged, 16},
+      // Verify of T >= 2: 16 query rows per block.
+      {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
+      {256, 1, 5, DecodeKernel::cuda_core, SplitKernel::mma_verify, 16},
   };
   for (const Case& c : cases) {
-    const cuda::detail::SplitChoice got = pick(c.d, c.gqa, c.queries, c.family);
-    EXPECT_TRUE(got.kernel == c.kernel && got.rows == c.rows && got.chunks == c.chunks)
+    auto p = plan_decode(8, c.d, c.gqa, 4096, 132, c.family);
+    cuda::detail::plan_verify(p, 64, 4096, 132);
+    const cuda::detail::SplitChoice got = cuda::detail::select_split_kernel(p, c.queries);
+    EXPECT_TRUE(got.kernel == c.kernel && got.rows == c.rows)
         << "D " << c.d << " gqa " << c.gqa << " queries " << c.queries << ": got "
-        << cuda::detail::split_kernel_name(got.kernel) << " rows " << got.rows << " chunks "
-        << got.chunks << ", expected " << cuda::detail::split_kernel_name(c.kernel);
+        << cuda::detail::split_kernel_name(got.kernel) << " rows " << got.rows << ", expected "
+        << cuda::detail::split_kernel_name(c.kernel) << " rows " << c.rows;
   }
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify), "mma_verify");
 }
 
-// Verify grids: T·gqa rows in blocks of at most 64, and the shape the bound takes counts a warp's
-// tiles per stage.
+// Verify grids: T·gqa rows in blocks of 16 (blockIdx.z), the splits sharing one resident wave,
+// and the shape the bound takes; T = 1 is the decode's grid.
 TEST(DecodePlan, VerifyRowBlocksAndShape) {
   auto p = plan_decode(8, 128, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(p, 16, 131072, 132);
   EXPECT_EQ(cuda::detail::verify_row_chunks(p, 1), 1);
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 8), 1);   // 64 rows
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 16), 2);  // 128 rows
-  EXPECT_EQ(cuda::detail::verify_splits(p, 8), p.n_splits);
-  EXPECT_EQ(cuda::detail::verify_splits(p, 16), p.n_splits / 2);
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 2), 1);   // 16 rows
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 8), 4);   // 64 rows
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 16), 8);  // 128 rows
+  EXPECT_EQ(cuda::detail::verify_splits(p, 1), p.n_splits);
+  EXPECT_EQ(cuda::detail::verify_splits(p, 8), p.n_splits / 4);
   const kvlayer::AccumulationShape t1 = cuda::detail::verify_accumulation_shape(p, 1);
   const kvlayer::AccumulationShape t8 = cuda::detail::verify_accumulation_shape(p, 8);
   EXPECT_EQ(t1.pv_mma_steps, p.pv_mma_steps);  // the decode's kernel and grid
-  EXPECT_EQ(t8.pv_mma_steps, 4 * (t8.max_keys_per_split / 64));
+  EXPECT_EQ(t1.n_splits, p.n_splits);
+  EXPECT_EQ(t8.pv_mma_steps, t8.max_keys_per_split / 64);
   EXPECT_EQ(t8.rescales, t8.pv_mma_steps + 1);
 }
 

@@ -29,7 +29,7 @@ enum class SplitKernel {
   cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
   mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, gqa ≤ 8
   mma_staged,  ///< decode_mma.cu: cp.async stages per warp; the other head dims and gqa
-  mma_verify,  ///< decode_mma.cu: verify decodes of T ≥ 2 (SPEC §11), block-wide stages
+  mma_verify,  ///< decode_mma.cu: verify decodes of T ≥ 2 (SPEC §11), 16 query rows a block
 };
 
 struct DecodePlan;
@@ -39,8 +39,6 @@ struct SplitChoice {
   SplitKernel kernel = SplitKernel::mma_staged;
   /// Query rows the kernel is built for: cuda_core 1, 2, 4, 8, 16 (≥ gqa); mma 8 or 16.
   int rows = 16;
-  /// mma_verify: 16-row chunks per block (1, 2, 4; verify_block_chunks); else 1.
-  int chunks = 1;
 };
 
 /// The one kernel chooser: the split kernel a decode (queries 0) or a verify decode of T =
@@ -89,7 +87,7 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
                  int multiprocessor_count);
 
-/// Row blocks of a verify decode of T queries (blockIdx.z): kVerifyRowsPerBlock (64) query rows
+/// Row blocks of a verify decode of T queries (blockIdx.z): kVerifyRowsPerBlock (16) query rows
 /// each, one when all T·gqa rows fit one block (T = 1: the decode's grid).
 int verify_row_chunks(const DecodePlan& plan, int T);
 

@@ -256,43 +256,38 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
 
 /// The last step of a tensor-core split block (decode_mma.cu, decode_mma_direct.cu): merges its
 /// kWarps warps' online-softmax states into the split's partial, in f32, warps in order:
-/// m = max_w m_w, weight_w = exp2f((m_w − m)·log2e) (exactly 1 for the max), l = Σ l_w·weight_w,
-/// o = Σ o_w·weight_w, for the block's r.nrows rows. m_s, l_s, w_s hold [warp][row] at row
-/// stride `heads`; o_s [warp][row] rows of `o_stride` floats. With kChunks > 1 (a verify
-/// block, heads = 16) warp w holds rows 16·(w % chunks) .. + 16, so block row R is merged over
-/// the kWarps / kChunks warps R / 16 + kChunks·k. Call after a __syncthreads that made m_s, l_s
-/// and o_s visible.
-template <int kWarps, int kThreads, int kChunks = 1>
+/// m = max_w m_w, weight_w = softmax_rescale(m_w, m), l = Σ l_w·weight_w, o = Σ o_w·weight_w,
+/// for the block's r.nrows rows. m_s, l_s, w_s hold [warp][row] at row stride `heads`; o_s
+/// [warp][row] rows of `o_stride` floats. Call after a __syncthreads that made m_s, l_s and o_s
+/// visible.
+template <int kWarps, int kThreads>
 __device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int head_dim,
                                                          int heads, const float* m_s,
                                                          const float* l_s, float* w_s,
                                                          const float* o_s, int o_stride) {
-  constexpr int chunks = kChunks, lanes = kWarps / kChunks;
-  const int tid = threadIdx.x, rows = r.nrows;
-  // Slot (warp, row) of lane k of block row R.
-  const auto slot = [&](int k, int R) { return (R / heads + chunks * k) * heads + R % heads; };
-  if (tid < rows) {
+  const int tid = threadIdx.x, gqa = r.nrows;
+  if (tid < gqa) {
     float top = kNegSentinel;
 #pragma unroll
-    for (int k = 0; k < lanes; ++k) top = fmaxf(top, m_s[slot(k, tid)]);
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w * heads + tid]);
     float den = 0.0f;
 #pragma unroll
-    for (int k = 0; k < lanes; ++k) {
-      const float mw = m_s[slot(k, tid)];
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = m_s[w * heads + tid];
       const float wt = softmax_rescale(mw, top);
-      w_s[slot(k, tid)] = wt;
-      den = fmaf(l_s[slot(k, tid)], wt, den);
+      w_s[w * heads + tid] = wt;
+      den = fmaf(l_s[w * heads + tid], wt, den);
     }
     r.m[tid] = top;
     r.l[tid] = den;
   }
   __syncthreads();
-  for (int i = tid; i < rows * head_dim; i += kThreads) {
+  for (int i = tid; i < gqa * head_dim; i += kThreads) {
     const int h = i / head_dim, col = i % head_dim;
     float num = 0.0f;
 #pragma unroll
-    for (int k = 0; k < lanes; ++k)
-      num = fmaf(o_s[slot(k, h) * o_stride + col], w_s[slot(k, h)], num);
+    for (int w = 0; w < kWarps; ++w)
+      num = fmaf(o_s[(w * heads + h) * o_stride + col], w_s[w * heads + h], num);
     r.o[i] = num;
   }
 }
@@ -360,8 +355,8 @@ cudaError_t launch_split_cuda_core(const SplitParams& sp, int head_dim, int rows
 /// decode_mma.cu: the staged tensor-core split kernel with `rows` (8 or 16) mma rows.
 cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_mma.cu: the verify split kernel (SPEC §11) with `chunks` (1, 2, 4) row chunks.
-cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int chunks, dim3 grid,
+/// decode_mma.cu: the verify split kernel (SPEC §11), 16 query rows per block.
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, dim3 grid,
                                     cudaStream_t stream);
 /// decode_mma_direct.cu: the register-direct tensor-core split kernel (head dim 128, gqa ≤ 8).
 cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream);

@@ -14,7 +14,7 @@
 //      to fp16), or the exact f32 value on the CUDA cores for a tile holding a block beyond
 //      fp16's range (and, verify, a bad block at a row's view edge); l from the unrounded p
 //      (per lane, then an xor butterfly); PV in f32 accumulators, chains of pv_mma_steps mma
-//      ((5): max_keys_per_split/64 per warp for a decode, × the block's row chunks for verify).
+//      ((5): max_keys_per_split/64 per warp).
 //  (4) the block merges its warps in f32 (warps in order), then merge.cu merges the splits.
 //      Rescales per accumulator: one per warp tile, + 1 (DecodePlan::max_rescales,
 //      verify_accumulation_shape).
@@ -23,9 +23,7 @@
 // Decode: block = 4 independent warps; warp w owns the 16-key warp tiles w, w + 4, w + 8, … of
 // the split (so the partition granule is 64 keys) with its own online-softmax state and its own
 // 3-stage cp.async pipeline in shared memory (no block barrier until the final merge).
-// Verify: warp w still copies tiles w + 4i, but the stages are the block's: warp w holds row
-// chunk w % c of the block's c·16 rows and consumes c of each stage's 4 tiles, so every row
-// reads one staged copy of each key (one __syncthreads per 64-key stage).
+// Verify: the same, for 16 of the T·gqa query rows per block (blockIdx.z takes the others).
 // Per 16-key warp tile, M = 16 query-head rows (gqa ≤ 8 uses rows 0..7; the rest are zero q):
 //  QK: S[16 heads × 8 keys] per n-tile; A = q̃ fragments held in registers for the whole split,
 //      B = K quants of key n = groupID. Within a block the 32 dims are assigned to the mma's k
@@ -225,15 +223,11 @@ struct ChunkWalk {
   }
 };
 
-/// One block per (split, KV head) — and, for a verify decode of more than 64 query rows, per
-/// 64 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
+/// One block per (split, KV head) — and, for a verify decode of more than 16 query rows, per
+/// 16 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
 /// are padding and skipped; else 16). kRows: a verify decode (SPEC §11): the block's row r is
-/// query r / gqa, which attends only the keys of its own causal window. kChunks (verify): the
-/// block's rows in chunks of 16, one per warp; warp w holds chunk w % kChunks and consumes the
-/// 16-key tiles w / kChunks + (4 / kChunks)·u of every staged 64-key stage, so every chunk
-/// reads the block's one staged copy of each key (stages then are block-wide: one barrier
-/// each). kChunks 1 is the decode's structure: every warp its own tiles and pipeline.
-template <int D, int GM, bool kRows, int kChunks = 1>
+/// query r / gqa, which attends only the keys of its own causal window.
+template <int D, int GM, bool kRows>
 __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     decode_split_mma_kernel(const SplitParams p) {
   using S = MmaShape<D>;
@@ -248,11 +242,6 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
   const int G = p.gqa;
-  static_assert(kChunks == 1 || kChunks == 2 || kChunks == 4);
-  static_assert(kChunks == 1 || (kRows && GM == 16));
-  constexpr int kLanes = kWarps / kChunks;  // warps sharing a chunk's rows (key lanes)
-  const int chunk = warp % kChunks, key_lane = warp / kChunks;
-  const int crow0 = 16 * chunk;  // the warp's first row within the block's rows
 
   const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, MutantSite::decode_mma);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
@@ -271,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 #pragma unroll
         for (int r = 0; r < (kHi ? 4 : 2); ++r) {
           // Register r (compact for GM 8: 0 → a0, 1 → a2).
-          const int row = crow0 + g + (kHi ? 8 * (r & 1) : 0);
+          const int row = g + (kHi ? 8 * (r & 1) : 0);
           const int h = kHi ? r >> 1 : r;
           const float* q_row =
               kRows ? p.q + query_row_index(range.row0 + row, kv, G, n_kv) * D : q_kv + row * D;
@@ -295,8 +284,6 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const long long n_keys = hi - lo;
   const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);                 // warp tiles
   const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;  // this warp's
-  // Stages this warp consumes: its own tiles (kChunks 1), or every 64-key stage of the split.
-  const int n_iter = kChunks == 1 ? my_tiles : (n_wt + kWarps - 1) / kWarps;
   std::uint8_t* wsmem = smem + warp * kStages * S::kStageBytes;
 
   // This lane's copy walks: chunk c = lane + 32·r of a tile is (key c / n, chunk c % n) for
@@ -322,8 +309,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       for (ChunkWalk w = v_walk; w.key < valid; w.next(S::kVChunks))
         cp_async<16>(vd + w.dst, vs + w.src);
       if (valid < kWK) {
-        // Plain stores; ordered before the reads by the __syncwarp (kChunks > 1:
-        // __syncthreads) of the consuming iteration.
+        // Plain stores; ordered before the reads by the __syncwarp of the consuming iteration.
         for (int c = valid * S::kKStride / 4 + lane; c < kWK * S::kKStride / 4; c += 32)
           reinterpret_cast<unsigned*>(kd)[c] = 0u;
         for (int c = valid * S::kVStride / 4 + lane; c < kWK * S::kVStride / 4; c += 32)
@@ -341,7 +327,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   if constexpr (kRows) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int row = crow0 + g + 8 * r;
+      const int row = g + 8 * r;
       row_lo[r] = 0;
       row_hi[r] = 0;
       if (row < range.nrows) {
@@ -366,188 +352,177 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue(s);
 
-  for (int i = 0; i < n_iter; ++i) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of stage i have landed
-    // Every lane's (kChunks > 1: every warp's) have; all finished stage i − 1.
-    if constexpr (kChunks == 1)
-      __syncwarp();
-    else
-      __syncthreads();
-    issue(i + kStages - 1);  // reuses the stage of tile i − 1
+  for (int i = 0; i < my_tiles; ++i) {
+    cp_async_wait<kStages - 2>();  // this lane's copies of tile i have landed
+    __syncwarp();                  // every lane's have; every lane finished tile i − 1
+    issue(i + kStages - 1);        // reuses the stage of tile i − 1
 
-#pragma unroll 1
-    for (int u = 0; u < kChunks; ++u) {
-      // The warp tile consumed: the warp's own (kChunks 1), else tile key_lane + kLanes·u of the
-      // stage, copied by warp j into its region; warp-uniform, in key order.
-      const int j = kChunks == 1 ? warp : key_lane + kLanes * u;
-      const long long key0 = lo + (long long)(j + kWarps * i) * kWK;
-      if (key0 >= hi) break;
-      const std::uint8_t* ks_base = smem + (j * kStages + i % kStages) * S::kStageBytes;
-      const std::uint8_t* vs_base = ks_base + S::kKRegion;
-      const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
+    const std::uint8_t* ks_base = wsmem + (i % kStages) * S::kStageBytes;
+    const std::uint8_t* vs_base = ks_base + S::kKRegion;
+    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
+    const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
 
-      // ---- QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index). ----
-      float s[2][kC];
+    // ---- QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index). ----
+    float s[2][kC];
 #pragma unroll
-      for (int nt = 0; nt < 2; ++nt) {
-        const std::uint8_t* krow = ks_base + (8 * nt + g) * S::kKStride;       // B: key n = g
-        const std::uint8_t* drow0 = ks_base + (8 * nt + 2 * t) * S::kKStride;  // C: keys 2t, 2t+1
-        const std::uint8_t* drow1 = drow0 + S::kKStride;
+    for (int nt = 0; nt < 2; ++nt) {
+      const std::uint8_t* krow = ks_base + (8 * nt + g) * S::kKStride;       // B: key n = g
+      const std::uint8_t* drow0 = ks_base + (8 * nt + 2 * t) * S::kKStride;  // C: keys 2t, 2t+1
+      const std::uint8_t* drow1 = drow0 + S::kKStride;
 #pragma unroll
-        for (int b = 0; b < NB; ++b) {
-          unsigned z[2];
-          if (b & 1) {
-            const unsigned* u =
-                reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b + kQ8_0Quants);
-            z[0] = u[t];
-            z[1] = u[4 + t];
-          } else {
-            const unsigned* w = reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b);
-            z[0] = w[1 + t];
-            z[1] = __byte_perm(w[ev_a], w[ev_b], ev_sel);
-          }
-          float c[kC] = {};
-#pragma unroll
-          for (int ks = 0; ks < 2; ++ks) {
-            unsigned b0, b1;
-            int8x4_to_f16x2x2(z[ks], b0, b1);
-            if constexpr (kHi)
-              mma_16816(c, qa[b][ks][0], qa[b][ks][1], qa[b][ks][2], qa[b][ks][3], b0, b1);
-            else
-              mma_16816_top(c, qa[b][ks][0], qa[b][ks][1], b0, b1);
-          }
-          const float d0 =
-              f16_bits(*reinterpret_cast<const unsigned short*>(drow0 + kQ8_0BlockBytes * b));
-          const float d1 =
-              f16_bits(*reinterpret_cast<const unsigned short*>(drow1 + kQ8_0BlockBytes * b));
-#pragma unroll
-          for (int e = 0; e < kC; ++e) {
-            const float x = __fmul_rn(c[e], (e & 1) ? d1 : d0);
-            s[nt][e] = b == 0 ? x : __fadd_rn(s[nt][e], x);
-          }
+      for (int b = 0; b < NB; ++b) {
+        unsigned z[2];
+        if (b & 1) {
+          const unsigned* u =
+              reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b + kQ8_0Quants);
+          z[0] = u[t];
+          z[1] = u[4 + t];
+        } else {
+          const unsigned* w = reinterpret_cast<const unsigned*>(krow + kQ8_0BlockBytes * b);
+          z[0] = w[1 + t];
+          z[1] = __byte_perm(w[ev_a], w[ev_b], ev_sel);
         }
+        float c[kC] = {};
 #pragma unroll
-        for (int e = 0; e < kC; ++e) s[nt][e] = score_scaled(s[nt][e], p.scale);
+        for (int ks = 0; ks < 2; ++ks) {
+          unsigned b0, b1;
+          int8x4_to_f16x2x2(z[ks], b0, b1);
+          if constexpr (kHi)
+            mma_16816(c, qa[b][ks][0], qa[b][ks][1], qa[b][ks][2], qa[b][ks][3], b0, b1);
+          else
+            mma_16816_top(c, qa[b][ks][0], qa[b][ks][1], b0, b1);
+        }
+        const float d0 =
+            f16_bits(*reinterpret_cast<const unsigned short*>(drow0 + kQ8_0BlockBytes * b));
+        const float d1 =
+            f16_bits(*reinterpret_cast<const unsigned short*>(drow1 + kQ8_0BlockBytes * b));
+#pragma unroll
+        for (int e = 0; e < kC; ++e) {
+          const float x = __fmul_rn(c[e], (e & 1) ? d1 : d0);
+          s[nt][e] = b == 0 ? x : __fadd_rn(s[nt][e], x);
+        }
       }
+#pragma unroll
+      for (int e = 0; e < kC; ++e) s[nt][e] = score_scaled(s[nt][e], p.scale);
+    }
 
-      // ---- Online softmax of the tile, per row. p[nt][c] in the C layout. ----
-      float pr[2][kC] = {};
-      float alpha[R];
+    // ---- Online softmax of the tile, per row. p[nt][c] in the C layout. ----
+    float pr[2][kC] = {};
+    float alpha[R];
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
-        // Whether key 8nt + 2t + e of the tile is in this row's view.
-        const auto attends = [&](int nt, int e) {
-          const int k = 8 * nt + 2 * t + e;
-          if constexpr (kRows) return k < valid && key0 + k >= row_lo[r] && key0 + k < row_hi[r];
-          return k < valid;
-        };
-        float top = kNegSentinel;
+    for (int r = 0; r < R; ++r) {
+      // Whether key 8nt + 2t + e of the tile is in this row's view.
+      const auto attends = [&](int nt, int e) {
+        const int k = 8 * nt + 2 * t + e;
+        if constexpr (kRows) return k < valid && key0 + k >= row_lo[r] && key0 + k < row_hi[r];
+        return k < valid;
+      };
+      float top = kNegSentinel;
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (attends(nt, e)) top = fmaxf(top, s[nt][2 * r + e]);
-        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
-        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
-        const float m_new = fmaxf(m_run[r], top);
-        alpha[r] = softmax_rescale(m_run[r], m_new);
-        float sum = 0.0f;
+        for (int e = 0; e < 2; ++e)
+          if (attends(nt, e)) top = fmaxf(top, s[nt][2 * r + e]);
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
+      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
+      const float m_new = fmaxf(m_run[r], top);
+      alpha[r] = softmax_rescale(m_run[r], m_new);
+      float sum = 0.0f;
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt)
+      for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e)
-            if (attends(nt, e)) {
-              pr[nt][2 * r + e] = softmax_weight(s[nt][2 * r + e], m_new);
-              sum += pr[nt][2 * r + e];
-            }
-        l_run[r] = l_run[r] * alpha[r] + sum;
-        m_run[r] = m_new;
-      }
-      bool rescale = alpha[0] != 1.0f;
-      if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
-      if (__any_sync(kFullMask, rescale)) {
+        for (int e = 0; e < 2; ++e)
+          if (attends(nt, e)) {
+            pr[nt][2 * r + e] = softmax_weight(s[nt][2 * r + e], m_new);
+            sum += pr[nt][2 * r + e];
+          }
+      l_run[r] = l_run[r] * alpha[r] + sum;
+      m_run[r] = m_new;
+    }
+    bool rescale = alpha[0] != 1.0f;
+    if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
+    if (__any_sync(kFullMask, rescale)) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+      for (int j = 0; j < NT; ++j)
 #pragma unroll
-          for (int e = 0; e < kC; ++e)
-            o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma);
-      }
+        for (int e = 0; e < kC; ++e)
+          o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma);
+    }
 
-      // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
-      const unsigned pa0 = pack_f16x2(pr[0][0], pr[0][1]);
-      const unsigned pa2 = pack_f16x2(pr[1][0], pr[1][1]);
-      unsigned pa1 = 0u, pa3 = 0u;
-      if constexpr (kHi) {
-        pa1 = pack_f16x2(pr[0][kC - 2], pr[0][kC - 1]);
-        pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
-      }
+    // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
+    const unsigned pa0 = pack_f16x2(pr[0][0], pr[0][1]);
+    const unsigned pa2 = pack_f16x2(pr[1][0], pr[1][1]);
+    unsigned pa1 = 0u, pa3 = 0u;
+    if constexpr (kHi) {
+      pa1 = pack_f16x2(pr[0][kC - 2], pr[0][kC - 1]);
+      pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
+    }
 
-      // ---- PV. A V value beyond fp16's range cannot be a tensor-core operand: a tile with such
-      // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
-      // The tile's 16·NB block headers, NB / 2 per lane (header i = lane + 32r: key i % 16,
-      // block i / 16), then one vote.
-      // A verify tile whose keys some row does not attend and which holds a bad V block takes
-      // the f32 path too, skipping each row's masked keys (rare: bad blocks at a view's edge).
-      bool wide = false, bad = false;
+    // ---- PV. A V value beyond fp16's range cannot be a tensor-core operand: a tile with such
+    // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
+    // The tile's 16·NB block headers, NB / 2 per lane (header i = lane + 32r: key i % 16,
+    // block i / 16), then one vote.
+    // A verify tile whose keys some row does not attend and which holds a bad V block takes
+    // the f32 path too, skipping each row's masked keys (rare: bad blocks at a view's edge).
+    bool wide = false, bad = false;
 #pragma unroll
-      for (int r = 0; r < NB / 2; ++r) {
-        const int i = lane + 32 * r;
-        const unsigned dm = *reinterpret_cast<const unsigned*>(vs_base + (i % 16) * S::kVStride +
-                                                               kQ5_1BlockBytes * (i / 16));
-        wide = wide || v_block_exceeds_f16(dm);
-        if constexpr (kRows) bad = bad || v_block_not_finite(dm);
-      }
-      bool masked_bad = false;
-      if constexpr (kRows) {
-        bool partial = false;  // some valid key of the tile outside one of this lane's rows' views
+    for (int r = 0; r < NB / 2; ++r) {
+      const int i = lane + 32 * r;
+      const unsigned dm = *reinterpret_cast<const unsigned*>(vs_base + (i % 16) * S::kVStride +
+                                                             kQ5_1BlockBytes * (i / 16));
+      wide = wide || v_block_exceeds_f16(dm);
+      if constexpr (kRows) bad = bad || v_block_not_finite(dm);
+    }
+    bool masked_bad = false;
+    if constexpr (kRows) {
+      bool partial = false;  // some valid key of the tile outside one of this lane's rows' views
 #pragma unroll
-        for (int r = 0; r < R; ++r)
-          partial =
-              partial || (row_hi[r] > row_lo[r] && (row_lo[r] > key0 || row_hi[r] < key0 + valid));
-        masked_bad = __any_sync(kFullMask, bad) && __any_sync(kFullMask, partial);
-      }
-      if (masked_bad) {
-        pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [&](int r, int k) {
-          return key0 + k >= row_lo[r] && key0 + k < row_hi[r];
-        });
-      } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
-        pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [](int, int) { return true; });
-      } else {
+      for (int r = 0; r < R; ++r)
+        partial =
+            partial || (row_hi[r] > row_lo[r] && (row_lo[r] > key0 || row_hi[r] < key0 + valid));
+      masked_bad = __any_sync(kFullMask, bad) && __any_sync(kFullMask, partial);
+    }
+    if (masked_bad) {
+      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [&](int r, int k) {
+        return key0 + k >= row_lo[r] && key0 + k < row_hi[r];
+      });
+    } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
+      pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [](int, int) { return true; });
+    } else {
 // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
 #pragma unroll
-        for (int b = 0; b < NB; ++b) {
-          unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
+      for (int b = 0; b < NB; ++b) {
+        unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
 #pragma unroll
-          for (int pair = 0; pair < 2; ++pair) {
-            const std::uint8_t* blk0 =
-                vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
-            const std::uint8_t* blk1 = blk0 + S::kVStride;
-            const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
-            const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
-            const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
-            const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
-            const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-              // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
-              // with one rounding (HFMA2).
-              const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
-              const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
-              const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
-              vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
-            }
-          }
+        for (int pair = 0; pair < 2; ++pair) {
+          const std::uint8_t* blk0 =
+              vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
+          const std::uint8_t* blk1 = blk0 + S::kVStride;
+          const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
+          const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
+          const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
+          const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
+          const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
 #pragma unroll
           for (int jj = 0; jj < 4; ++jj) {
-            if constexpr (kHi)
-              mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
-            else
-              mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
-            pv_accumulators(o[4 * b + jj], MutantSite::decode_mma);
+            // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
+            // with one rounding (HFMA2).
+            const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
+            const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
+            const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
+            vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
           }
         }
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+          if constexpr (kHi)
+            mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
+          else
+            mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
+          pv_accumulators(o[4 * b + jj], MutantSite::decode_mma);
+        }
       }
-    }  // u
+    }
   }
   cp_async_wait<0>();  // only empty groups can remain; keep the block's exit clean anyway
 
@@ -578,33 +553,31 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           make_float2(o[j][2 * r], o[j][2 * r + 1]);
     }
   __syncthreads();
-  merge_warps_into_partial<kWarps, kThreads, kChunks>(range, D, 16, m_s, l_s, w_s, o_s,
-                                                      S::kOStride);
+  merge_warps_into_partial<kWarps, kThreads>(range, D, 16, m_s, l_s, w_s, o_s, S::kOStride);
 }
 
-/// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows, kChunks> needs: the
+/// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows> needs: the
 /// dynamic shared-memory opt-in where its stages exceed 48 KB, nothing otherwise. NOTE: the launch
 /// and the occupancy query (mma_split_resident_blocks) both apply exactly this, so a query never
 /// enables more than a launch would: the opt-in is per process, and a query that set it would let a
 /// launch succeed in that process that fails in a fresh one.
-template <int D, int GM, bool kRows = false, int kChunks = 1>
+template <int D, int GM, bool kRows = false>
 cudaError_t apply_launch_attributes() {
   constexpr int smem = MmaShape<D>::kSmemBytes;
   if constexpr (smem > 48 * 1024) {
     // Not a stream operation (legal while capturing); set per launch so every device the
     // process uses gets it.
-    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM, kRows, kChunks>,
+    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM, kRows>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   return cudaSuccess;
 }
 
-template <int D, int GM, bool kRows = false, int kChunks = 1>
+template <int D, int GM, bool kRows = false>
 cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  if (const cudaError_t err = apply_launch_attributes<D, GM, kRows, kChunks>(); err != cudaSuccess)
+  if (const cudaError_t err = apply_launch_attributes<D, GM, kRows>(); err != cudaSuccess)
     return err;
-  decode_split_mma_kernel<D, GM, kRows, kChunks>
-      <<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
+  decode_split_mma_kernel<D, GM, kRows><<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
   return cudaGetLastError();
 }
 
@@ -614,20 +587,6 @@ cudaError_t resident_blocks(int* blocks) {
   if (const cudaError_t err = apply_launch_attributes<D, GM>(); err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
       blocks, decode_split_mma_kernel<D, GM, false>, kThreads, MmaShape<D>::kSmemBytes);
-}
-
-/// A verify decode: the block's rows in `chunks` (1, 2 or 4) chunks of 16.
-template <int D>
-cudaError_t launch_verify_for_dim(const SplitParams& sp, int chunks, dim3 grid,
-                                  cudaStream_t stream) {
-  switch (chunks) {
-    case 1:
-      return launch<D, 16, true, 1>(sp, grid, stream);
-    case 2:
-      return launch<D, 16, true, 2>(sp, grid, stream);
-    default:
-      return launch<D, 16, true, 4>(sp, grid, stream);
-  }
 }
 
 }  // namespace
@@ -646,15 +605,15 @@ cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int row
   }
 }
 
-cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int chunks, dim3 grid,
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, dim3 grid,
                                     cudaStream_t stream) {
   switch (head_dim) {
     case 64:
-      return launch_verify_for_dim<64>(sp, chunks, grid, stream);
+      return launch<64, 16, true>(sp, grid, stream);
     case 128:
-      return launch_verify_for_dim<128>(sp, chunks, grid, stream);
+      return launch<128, 16, true>(sp, grid, stream);
     default:
-      return launch_verify_for_dim<256>(sp, chunks, grid, stream);
+      return launch<256, 16, true>(sp, grid, stream);
   }
 }
 

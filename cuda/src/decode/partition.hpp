@@ -30,18 +30,12 @@ __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa
   return head_dim == 256 ? 2 : (head_dim == 128 ? 3 : 4);
 }
 
-/// Query rows of a verify decode (SPEC §11) one tensor-core split block holds: 16 per warp.
-inline constexpr int kVerifyRowsPerBlock = kDecodeMmaWarps * 16;
+/// Query rows of a verify decode (SPEC §11) one tensor-core split block holds: one mma tile.
+inline constexpr int kVerifyRowsPerBlock = 16;
 
 /// Rows per block of a verify grid of `z` row blocks (blockIdx.z) over `rows` query rows.
 __host__ __device__ constexpr int verify_rows_per_block(int rows, int z) {
   return z <= 1 ? rows : (rows + z - 1) / z;
-}
-
-/// Row chunks of 16 (one per warp) a verify block of `rows` rows uses: 1, 2 or 4, so that its
-/// 4 warps divide evenly into chunks × key lanes (decode_mma.cu, kChunks).
-__host__ __device__ constexpr int verify_block_chunks(int rows) {
-  return rows <= 16 ? 1 : rows <= 32 ? 2 : 4;
 }
 
 /// Keys per tile for a head dim: tile × (head_dim / 32) = kDecodeThreads.

@@ -114,17 +114,14 @@ int verify_splits(const DecodePlan& plan, int T) {
 }
 
 SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
-  if (queries >= 2) {
-    const int rows = verify_rows_per_block(queries * plan.gqa, verify_row_chunks(plan, queries));
-    return {SplitKernel::mma_verify, 16, verify_block_chunks(rows)};
-  }
+  if (queries >= 2) return {SplitKernel::mma_verify, 16};
   if (plan.kernel == DecodeKernel::cuda_core && queries == 0) {
     int rows = 1;
     while (rows < plan.gqa) rows *= 2;
-    return {SplitKernel::cuda_core, rows, 1};
+    return {SplitKernel::cuda_core, rows};
   }
-  if (plan.head_dim == 128 && plan.gqa <= 8) return {SplitKernel::mma_direct, 8, 1};
-  return {SplitKernel::mma_staged, plan.gqa <= 8 ? 8 : 16, 1};
+  if (plan.head_dim == 128 && plan.gqa <= 8) return {SplitKernel::mma_direct, 8};
+  return {SplitKernel::mma_staged, plan.gqa <= 8 ? 8 : 16};
 }
 
 const char* split_kernel_name(SplitKernel kernel) {
@@ -145,15 +142,13 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
   const int splits = verify_splits(plan, T);
   const std::int64_t kps =
       decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys);
-  // A warp of a block with c row chunks consumes c of each 64-key stage's four 16-key tiles
-  // (T = 1: the decode's kernel, one tile per stage).
-  const int chunks = select_split_kernel(plan, T).chunks;
+  // As plan_decode's mma kernels (T = 1 runs the decode's): a warp sees every 4th 16-key tile.
   kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = kps;
   shape.n_splits = splits;
-  shape.rescales = kps / kDecodeMmaTileKeys * chunks + 1;  // one per tile, + the block merge
+  shape.rescales = kps / kDecodeMmaTileKeys + 1;  // one per tile, + the block merge
   shape.tensor_core = true;
-  shape.pv_mma_steps = kps / kDecodeMmaTileKeys * chunks;
+  shape.pv_mma_steps = kps / kDecodeMmaTileKeys;
   return shape;
 }
 
