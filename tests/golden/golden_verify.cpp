@@ -188,15 +188,6 @@ void note(std::vector<std::string>& failures, const std::string& msg) {
   kvlayer::golden::note_failure(failures, msg);
 }
 
-struct State {
-  std::vector<std::uint8_t> k, v;
-  std::int64_t len, base, len_d, base_d;
-  bool operator==(const State&) const = default;
-};
-State state(const ref::KvLayer& l) {
-  return {l.k_plane(), l.v_plane(), l.len(), l.base(), l.len_d(), l.base_d()};
-}
-
 }  // namespace
 
 std::string VerifyOp::describe() const {
@@ -392,7 +383,7 @@ VerifyCheck check_verify(const VerifyCase& c) {
           break;
         }
         case VerifyOp::Kind::decode_rows: {
-          const State before = state(layer);
+          const kvlayer::golden::LayerState before = kvlayer::golden::layer_state(layer);
           try {
             const std::vector<double> got = layer.decode_rows(q, nq, t, scale);
             if (!op.decode_ok) {
@@ -405,7 +396,7 @@ VerifyCheck check_verify(const VerifyCase& c) {
             if (op.decode_ok || e.kind() != ErrorKind::refused) {
               ++r.op_failures;
               note(r.failures, where + ": refused, golden expects an output: " + e.what());
-            } else if (!(state(layer) == before)) {
+            } else if (!(kvlayer::golden::layer_state(layer) == before)) {
               ++r.op_failures;
               note(r.failures, where + ": refused but the state changed");
             }
@@ -438,7 +429,8 @@ VerifyCheck check_verify(const VerifyCase& c) {
   for (auto [name, got, want, tok] :
        {std::tuple{"K", &layer.k_plane(), &c.k_plane, g.k_tok_bytes()},
         std::tuple{"V", &layer.v_plane(), &c.v_plane, g.v_tok_bytes()}}) {
-    const kvlayer::golden::PlaneComparison p = kvlayer::golden::compare_plane(c.name, name, *got, *want, tok);
+    const kvlayer::golden::PlaneComparison p =
+        kvlayer::golden::compare_plane(c.name, name, *got, *want, tok);
     r.plane_bytes += p.bytes;
     r.plane_byte_mismatches += p.mismatches;
     if (p.failure) note(r.failures, *p.failure);

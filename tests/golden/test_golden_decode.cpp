@@ -20,22 +20,12 @@ using kvlayer::golden::DecodeCase;
 using kvlayer::golden::GoldenOp;
 
 std::vector<std::string> decode_names() {
-  std::vector<std::string> out;
-  if (const auto* set = golden_set())
-    for (const auto& c : set->decode) out.push_back(c.name);
-  return out;
+  const auto* set = golden_set();
+  return set != nullptr ? case_names(set->decode) : std::vector<std::string>{};
 }
 
 const DecodeCase& find_case(const std::string& name) {
-  for (const auto& c : golden_set()->decode)
-    if (c.name == name) return c;
-  throw std::runtime_error("no golden decode case " + name);
-}
-
-std::string joined(const std::vector<std::string>& lines) {
-  std::string s;
-  for (const auto& l : lines) s += "\n  " + l;
-  return s;
+  return find_named(golden_set()->decode, name, "decode");
 }
 
 class GoldenDecode : public ::testing::TestWithParam<std::string> {};

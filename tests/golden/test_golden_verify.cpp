@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "golden_data.hpp"
 #include "golden_verify.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/golden/check.hpp"
@@ -23,23 +24,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::vector<std::string> case_names() {
-  std::vector<std::string> out;
-  if (const VerifySet* set = verify_golden())
-    for (const VerifyCase& c : set->cases) out.push_back(c.name);
-  return out;
+std::vector<std::string> verify_names() {
+  const VerifySet* set = verify_golden();
+  return set != nullptr ? case_names(set->cases) : std::vector<std::string>{};
 }
 
 const VerifyCase& find_case(const std::string& name) {
-  for (const VerifyCase& c : verify_golden()->cases)
-    if (c.name == name) return c;
-  throw std::runtime_error("no golden verify case " + name);
-}
-
-std::string joined(const std::vector<std::string>& lines) {
-  std::string s;
-  for (const auto& l : lines) s += "\n  " + l;
-  return s;
+  return find_named(verify_golden()->cases, name, "verify");
 }
 
 class GoldenVerify : public ::testing::TestWithParam<std::string> {};
@@ -59,7 +50,7 @@ TEST_P(GoldenVerify, ReplayMatches) {
   EXPECT_EQ(r.outputs_compared, c.output_rows * c.n_q_heads * c.head_dim());
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, GoldenVerify, ::testing::ValuesIn(case_names()),
+INSTANTIATE_TEST_SUITE_P(Golden, GoldenVerify, ::testing::ValuesIn(verify_names()),
                          [](const auto& info) { return info.param; });
 
 TEST(GoldenVerifyData, LoadsAndCoversTheSpec) {

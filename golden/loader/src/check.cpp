@@ -48,16 +48,11 @@ const char* type_name(ref::BlockType t) {
   return t == ref::BlockType::q8_0 ? "q8_0" : "q5_1";
 }
 
-struct LayerState {
-  std::vector<std::uint8_t> k, v;
-  std::int64_t len, base, len_d, base_d;
-  bool operator==(const LayerState&) const = default;
-};
-LayerState snapshot(const ref::KvLayer& l) {
+}  // namespace
+
+LayerState layer_state(const ref::KvLayer& l) {
   return {l.k_plane(), l.v_plane(), l.len(), l.base(), l.len_d(), l.base_d()};
 }
-
-}  // namespace
 
 double decode_tolerance(double magnitude, double score_magnitude, int head_dim,
                         std::int64_t n_keys) {
@@ -183,7 +178,7 @@ DecodeCheck check_decode(const DecodeCase& c) {
   for (std::size_t i = 0; i < c.ops.size(); ++i) {
     const GoldenOp& op = c.ops[i];
     const std::string where = c.name + " op " + std::to_string(i) + " (" + op.describe() + ")";
-    const LayerState before = snapshot(*layer);
+    const LayerState before = layer_state(*layer);
     std::string refusal;
     try {
       if (op.kind == GoldenOp::Kind::append)
@@ -203,7 +198,7 @@ DecodeCheck check_decode(const DecodeCase& c) {
     } else if (!op.expect_ok && refusal.empty()) {
       ++r.op_failures;
       note(r.failures, where + ": accepted, golden expects a refusal");
-    } else if (!op.expect_ok && !(snapshot(*layer) == before)) {
+    } else if (!op.expect_ok && !(layer_state(*layer) == before)) {
       ++r.op_failures;
       note(r.failures, where + ": refused but the state changed");
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvlayer/golden/golden.hpp"
+#include "kvlayer/reference/kv_layer.hpp"
 
 namespace kvlayer::golden {
 
@@ -64,6 +65,14 @@ struct DecodeCheck {
 /// Replays `c` on a fresh ref::KvLayer: every operation, its refusal or success, the state after
 /// it and a decode after it; then the final planes, len, base and the sticky data error.
 DecodeCheck check_decode(const DecodeCase& c);
+
+/// What a refused golden operation must leave unchanged: the planes and the counters.
+struct LayerState {
+  std::vector<std::uint8_t> k, v;
+  std::int64_t len, base, len_d, base_d;
+  bool operator==(const LayerState&) const = default;
+};
+LayerState layer_state(const ref::KvLayer& layer);
 
 /// Appends a failure line, at most a dozen (then one "(further failures not listed)").
 void note_failure(std::vector<std::string>& failures, const std::string& message);
