@@ -1000,6 +1000,26 @@ class Writer:
         return rel
 
 
+def geometry_entry(g, rows):
+    """A decode or verify case's geometry as the manifest records it."""
+    return {"n_kv_heads": g["n_kv_heads"], "head_dim": g["head_dim"], "max_ctx": g["max_ctx"],
+            "window": g["window"], "storage": g["storage"], "max_append": g["max_append"],
+            "rewind_slack": g["rewind_slack"], "rows": rows}
+
+
+def scale_entries(r):
+    """The softmax scale: its f32 bits, its repr, and whether it was the layer's default."""
+    return {"scale_bits": f32_hex(r["scale"]), "scale": f32_repr(r["scale"]),
+            "scale_is_default": r["scale_default"]}
+
+
+def final_entry(w, pre, m, seed):
+    """The model's state after a case's operations; writes its planes with `w`."""
+    return {"len": m.len, "base": m.base,
+            "k_plane": w.bin(pre + ".kplane.bin", m.k_plane, seed),
+            "v_plane": w.bin(pre + ".vplane.bin", m.v_plane, seed)}
+
+
 QUANT_SETS = [
     ("uniform", blocks_uniform),
     ("gaussian", blocks_gaussian),
@@ -1046,13 +1066,9 @@ def generate(out_dir):
         pre = "decode/%s" % name
         case = {
             "name": name, "kind": "decode", "what": spec["what"], "seed": seed,
-            "geometry": {"n_kv_heads": g["n_kv_heads"], "head_dim": g["head_dim"],
-                         "max_ctx": g["max_ctx"], "window": g["window"], "storage": g["storage"],
-                         "max_append": g["max_append"], "rewind_slack": g["rewind_slack"],
-                         "rows": m.rows},
+            "geometry": geometry_entry(g, m.rows),
             "gqa": r["gqa"], "n_q_heads": r["n_q_heads"], "input_dtype": r["dtype"],
-            "scale_bits": f32_hex(r["scale"]), "scale": f32_repr(r["scale"]),
-            "scale_is_default": r["scale_default"],
+            **scale_entries(r),
             "k_input": w.npy(pre + ".k.npy", r["k"], seed),
             "v_input": w.npy(pre + ".v.npy", r["v"], seed),
             "query": w.npy(pre + ".q.npy", r["q"], seed),
@@ -1060,9 +1076,7 @@ def generate(out_dir):
             "outputs": w.npy(pre + ".out.npy", r["out"], seed),
             "magnitudes": w.npy(pre + ".mag.npy", round_up_f32(r["mag"]), seed),
             "score_magnitudes": w.npy(pre + ".smax.npy", round_up_f32(r["smax"]), seed),
-            "final": {"len": m.len, "base": m.base,
-                      "k_plane": w.bin(pre + ".kplane.bin", m.k_plane, seed),
-                      "v_plane": w.bin(pre + ".vplane.bin", m.v_plane, seed)},
+            "final": final_entry(w, pre, m, seed),
             "data_error": None if m.data_error is None else {
                 "row": m.data_error[0], "plane": "KV"[m.data_error[1]], "block": m.data_error[2],
                 "value_bits": f32_hex(m.data_error[3]), "value": f32_repr(m.data_error[3])},
@@ -1081,13 +1095,9 @@ def generate(out_dir):
         pre = "verify/%s" % name
         verify_cases.append({
             "name": name, "kind": "verify", "what": spec["what"], "seed": seed,
-            "geometry": {"n_kv_heads": g["n_kv_heads"], "head_dim": g["head_dim"],
-                         "max_ctx": g["max_ctx"], "window": g["window"], "storage": g["storage"],
-                         "max_append": g["max_append"], "rewind_slack": g["rewind_slack"],
-                         "rows": m.rows},
+            "geometry": geometry_entry(g, m.rows),
             "gqa": r["gqa"], "n_q_heads": r["n_q_heads"], "input_dtype": "f32",
-            "scale_bits": f32_hex(r["scale"]), "scale": f32_repr(r["scale"]),
-            "scale_is_default": r["scale_default"],
+            **scale_entries(r),
             "k_input": wv.npy(pre + ".k.npy", r["k"], seed),
             "v_input": wv.npy(pre + ".v.npy", r["v"], seed),
             "queries": wv.npy(pre + ".q.npy", r["q"], seed),
@@ -1095,9 +1105,7 @@ def generate(out_dir):
             "outputs": wv.npy(pre + ".out.npy", r["out"], seed),
             "magnitudes": wv.npy(pre + ".mag.npy", round_up_f32(r["mag"]), seed),
             "score_magnitudes": wv.npy(pre + ".smax.npy", round_up_f32(r["smax"]), seed),
-            "final": {"len": m.len, "base": m.base,
-                      "k_plane": wv.bin(pre + ".kplane.bin", m.k_plane, seed),
-                      "v_plane": wv.bin(pre + ".vplane.bin", m.v_plane, seed)},
+            "final": final_entry(wv, pre, m, seed),
         })
 
     manifest = {
