@@ -116,9 +116,16 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
       // A verify of one query is a decode on tensor cores, whatever the family.
       {128, 8, 1, DecodeKernel::cuda_core, SplitKernel::mma_direct, 8},
       {64, 16, 1, DecodeKernel::mma, SplitKernel::mma_staged, 16},
-      // Verify of T >= 2: 16 query rows per block.
+      // Verify of T >= 2 at head dim 128: 16, 32 or 64 query rows per block by T·gqa.
       {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
-      {256, 1, 5, DecodeKernel::cuda_core, SplitKernel::mma_verify, 16},
+      {128, 8, 4, DecodeKernel::mma, SplitKernel::mma_verify, 32},
+      {128, 3, 7, DecodeKernel::mma, SplitKernel::mma_verify, 32},
+      {128, 3, 11, DecodeKernel::mma, SplitKernel::mma_verify, 64},
+      {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::mma_verify, 64},
+      {128, 1, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
+      // The other head dims: the staged verify, 16 rows per block.
+      {256, 1, 5, DecodeKernel::cuda_core, SplitKernel::mma_verify_staged, 16},
+      {64, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify_staged, 16},
   };
   for (const Case& c : cases) {
     auto p = plan_decode(8, c.d, c.gqa, 4096, 132, c.family);
@@ -130,25 +137,44 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
         << cuda::detail::split_kernel_name(c.kernel) << " rows " << c.rows;
   }
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify), "mma_verify");
+  EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify_staged),
+               "mma_verify_staged");
 }
 
-// Verify grids: T·gqa rows in blocks of 16 (blockIdx.z), the splits sharing one resident wave,
-// and the shape the bound takes; T = 1 is the decode's grid.
+// Verify grids: T·gqa rows in blocks of the selected rows (blockIdx.z), the splits sharing one
+// resident wave, and the shape the bound takes; T = 1 is the decode's grid.
 TEST(DecodePlan, VerifyRowBlocksAndShape) {
   auto p = plan_decode(8, 128, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(p, 16, 131072, 132);
   EXPECT_EQ(cuda::detail::verify_row_chunks(p, 1), 1);
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 2), 1);   // 16 rows
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 8), 4);   // 64 rows
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 16), 8);  // 128 rows
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 2), 1);   // 16 rows, one row group
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 8), 1);   // 64 rows, four row groups
+  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 16), 2);  // 128 rows
   EXPECT_EQ(cuda::detail::verify_splits(p, 1), p.n_splits);
-  EXPECT_EQ(cuda::detail::verify_splits(p, 8), p.n_splits / 4);
+  const int blocks = cuda::detail::kVerifyBlocksPerSm * 132;  // the verify kernel's wave
+  EXPECT_EQ(cuda::detail::verify_splits(p, 8), blocks / 8);
+  EXPECT_EQ(cuda::detail::verify_splits(p, 16), blocks / 16);
   const kvlayer::AccumulationShape t1 = cuda::detail::verify_accumulation_shape(p, 1);
+  const kvlayer::AccumulationShape t2 = cuda::detail::verify_accumulation_shape(p, 2);
+  const kvlayer::AccumulationShape t4 = cuda::detail::verify_accumulation_shape(p, 4);
   const kvlayer::AccumulationShape t8 = cuda::detail::verify_accumulation_shape(p, 8);
   EXPECT_EQ(t1.pv_mma_steps, p.pv_mma_steps);  // the decode's kernel and grid
   EXPECT_EQ(t1.n_splits, p.n_splits);
-  EXPECT_EQ(t8.pv_mma_steps, t8.max_keys_per_split / 64);
-  EXPECT_EQ(t8.rescales, t8.pv_mma_steps + 1);
+  // A warp's chain: one 16-key m-tile per tile (4 key groups), two (2), four (1).
+  EXPECT_EQ(t2.pv_mma_steps, t2.max_keys_per_split / 64);
+  EXPECT_EQ(t4.pv_mma_steps, t4.max_keys_per_split / 64 * 2);
+  EXPECT_EQ(t8.pv_mma_steps, t8.max_keys_per_split / 64 * 4);
+  // Max updates: one per tile (one or two m-tiles per warp), two (four m-tiles, in pairs).
+  EXPECT_EQ(t2.rescales, t2.max_keys_per_split / 64 + 1);
+  EXPECT_EQ(t4.rescales, t4.max_keys_per_split / 64 + 1);
+  EXPECT_EQ(t8.rescales, t8.max_keys_per_split / 64 * 2 + 1);
+  // The staged verify (head dim 256): 16 rows per block, every 4th 16-key tile per warp.
+  auto q = plan_decode(4, 256, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
+  cuda::detail::plan_verify(q, 16, 131072, 132);
+  EXPECT_EQ(cuda::detail::verify_row_chunks(q, 8), 4);
+  const kvlayer::AccumulationShape s8 = cuda::detail::verify_accumulation_shape(q, 8);
+  EXPECT_EQ(s8.pv_mma_steps, s8.max_keys_per_split / 64);
+  EXPECT_EQ(s8.rescales, s8.pv_mma_steps + 1);
 }
 
 // The plan sizes its grid for decode_mma_blocks_per_sm resident blocks; if fewer fit (registers,
@@ -162,6 +188,11 @@ TEST(DecodePlan, MmaBlocksPerSmAreResident) {
       EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, gqa))
           << "D " << d << " gqa " << gqa;
     }
+  for (const int rows : {16, 32, 64}) {
+    int blocks = 0;
+    ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(rows, &blocks), cudaSuccess);
+    EXPECT_GE(blocks, cuda::detail::kVerifyBlocksPerSm) << "verify rows " << rows;
+  }
 }
 
 TEST(DecodePlan, PartitionCoversEveryViewExactly) {

@@ -17,10 +17,10 @@
 
 #include "bench_accuracy.hpp"
 #include "commands.hpp"
-#include "kvlayer/cuda/runtime.hpp"
 #include "decode_step.hpp"
 #include "gpu_timing.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
+#include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
 #include "stream_read.hpp"
 
@@ -33,7 +33,7 @@ using cuda::Stream;
 
 constexpr std::string_view kUsage =
     "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--no-accuracy]\n"
-    "                     [--decode-only KEYS [--shape S]]\n"
+    "                     [--decode-only KEYS [--shape S] [--queries T]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window; verify decode (SPEC §11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
@@ -55,7 +55,8 @@ constexpr std::string_view kUsage =
     "  --no-verify   no verify rows\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
-    "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n";
+    "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n"
+    "  --queries T   with --decode-only: the graph-replayed verify decode of T (1..16) queries\n";
 
 struct Row {
   std::string name, shape;
@@ -200,8 +201,15 @@ struct Bench {
         window ? l.decode_rows_dcw(q.as<float>(), out.as<float>(), t)
                : l.decode_rows_dc(q.as<float>(), out.as<float>(), t);
       };
-      Row r{window ? "verify_dcw_graph" : "verify_dc_graph", "", n_kv, hd, gqa, keys, window,
-            graph_us(20, call), bytes};
+      Row r{window ? "verify_dcw_graph" : "verify_dc_graph",
+            "",
+            n_kv,
+            hd,
+            gqa,
+            keys,
+            window,
+            graph_us(20, call),
+            bytes};
       r.queries = t;
       rows.push_back(r);
     }
@@ -347,10 +355,12 @@ struct Bench {
 };
 
 int run_bench(const std::vector<std::string>& args) {
-  const Options o(args, {"json", "reps", "decode-only", "shape"},
+  const Options o(args, {"json", "reps", "decode-only", "shape", "queries"},
                   {"quick", "no-accuracy", "no-verify"});
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
+  const int queries = int(o.integer("queries", 0, 1, cuda::kDefaultMaxVerify));
+  if (queries > 0 && decode_only == 0) throw UsageError("--queries applies to --decode-only only");
   int shape_kv = 8, shape_d = 128, shape_gqa = 8;
   if (auto shape = o.get("shape")) {
     char tail = 0;
@@ -373,7 +383,10 @@ int run_bench(const std::vector<std::string>& args) {
   std::printf("kvlayer bench on %s (%d SMs, L2 %zu MiB), %d reps, medians\n", p.name,
               p.multiProcessorCount, b.l2_bytes >> 20, b.reps);
   if (decode_only > 0) {
-    b.decode(shape_kv, shape_d, shape_gqa, decode_only, 0);
+    if (queries > 0)
+      b.verify(shape_kv, shape_d, shape_gqa, decode_only, 0, {queries});
+    else
+      b.decode(shape_kv, shape_d, shape_gqa, decode_only, 0);
     for (const Row& r : b.rows)
       std::printf("%-16s %dx%d gqa %d %8lld keys %10.2f us %8.0f GB/s\n", r.name.c_str(), shape_kv,
                   shape_d, shape_gqa, (long long)r.keys, r.us, r.bytes / r.us / 1e3);

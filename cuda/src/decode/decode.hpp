@@ -26,10 +26,11 @@ enum class DecodeKernel {
 
 /// Every split kernel of the decode (all write the same partials; one merge, merge.cu).
 enum class SplitKernel {
-  cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
-  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, gqa ≤ 8
-  mma_staged,  ///< decode_mma.cu: cp.async stages per warp; the other head dims and gqa
-  mma_verify,  ///< decode_mma.cu: verify decodes of T ≥ 2 (SPEC §11), 16 query rows a block
+  cuda_core,          ///< decode_cuda_core.cu: decodes of a cuda_core plan
+  mma_direct,         ///< decode_mma_direct.cu: register-direct loads; head dim 128, gqa ≤ 8
+  mma_staged,         ///< decode_mma.cu: cp.async stages per warp; the other head dims and gqa
+  mma_verify,         ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dim 128
+  mma_verify_staged,  ///< decode_mma.cu: verify decodes of T ≥ 2, head dims 64 and 256
 };
 
 struct DecodePlan;
@@ -37,7 +38,8 @@ struct DecodePlan;
 /// A launch's kernel and its compile-time shape.
 struct SplitChoice {
   SplitKernel kernel = SplitKernel::mma_staged;
-  /// Query rows the kernel is built for: cuda_core 1, 2, 4, 8, 16 (≥ gqa); mma 8 or 16.
+  /// Query rows the kernel is built for: cuda_core 1, 2, 4, 8, 16 (≥ gqa); mma 8 or 16;
+  /// mma_verify 16, 32 or 64 per block (verify_warp_row_groups).
   int rows = 16;
 };
 
@@ -68,11 +70,13 @@ struct DecodePlan {
   /// 16-key tiles of the longest split); 0 for cuda_core.
   std::int64_t pv_mma_steps = 0;
   /// Verify decodes (SPEC §11, plan_verify): up to max_verify queries per launch, whose union
-  /// of views spans at most verify_max_view_keys keys; verify_blocks split blocks fill the
-  /// device (shared by a launch's row chunks). 0: the plan serves no verify decode.
+  /// of views spans at most verify_max_view_keys keys; verify_blocks split blocks of the
+  /// verify kernel fill the device (shared by a launch's row chunks), verify_decode_blocks
+  /// those of the decode's kernel (T = 1). 0: the plan serves no verify decode.
   int max_verify = 0;
   std::int64_t verify_max_view_keys = 0;
   std::int64_t verify_blocks = 0;
+  std::int64_t verify_decode_blocks = 0;
 };
 
 /// What the accuracy contract needs of a plan (kvlayer/accuracy.hpp, rounding points
@@ -87,8 +91,8 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
                  int multiprocessor_count);
 
-/// Row blocks of a verify decode of T queries (blockIdx.z): kVerifyRowsPerBlock (16) query rows
-/// each, one when all T·gqa rows fit one block (T = 1: the decode's grid).
+/// Row blocks of a verify decode of T queries (blockIdx.z): select_split_kernel's rows per
+/// block each, one when all T·gqa rows fit one block (T = 1: the decode's grid).
 int verify_row_chunks(const DecodePlan& plan, int T);
 
 /// Splits along the keys of a verify decode of T queries.
@@ -124,6 +128,10 @@ DecodeKernel default_decode_kernel();
 /// current device holds at once (CUDA occupancy API, with the launch's attributes applied).
 /// The plan sizes its grid for decode_mma_blocks_per_sm(head_dim, gqa) of them.
 cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks);
+
+/// The same for decode_mma_verify.cu's kernel of `rows` (16, 32, 64) query rows per block; the
+/// verify plan (plan_verify) sizes its grid for kVerifyBlocksPerSm of them.
+cudaError_t mma_verify_resident_blocks(int rows, int* blocks);
 
 /// One decode launch.
 struct DecodeArgs {

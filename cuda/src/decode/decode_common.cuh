@@ -99,10 +99,10 @@ __device__ inline long long split_end(long long lo, long long kps, long long vie
 }
 
 /// End of the keys a verified query at logical position `pos` attends: itself and the rows
-/// before it (SPEC §11, causal among the new rows).
-__device__ __forceinline__ long long verify_row_end(long long pos, long long len) {
+/// before it (SPEC §11, causal among the new rows). `site` names the kernel (mutant reach).
+__device__ __forceinline__ long long verify_row_end(long long pos, long long len, MutantSite site) {
   if (KVLAYER_DEVICE_MUTANT(verify_causal_off_by_one) && pos + 1 < len) {
-    KVLAYER_MUTANT_REACHED(MutantSite::decode_mma);
+    KVLAYER_MUTANT_REACHED(site);
     return pos + 2;  // planted bug: sees the next draft
   }
   return pos + 1;
@@ -111,9 +111,9 @@ __device__ __forceinline__ long long verify_row_end(long long pos, long long len
 /// Start of the keys a verified query at `pos` attends on a windowed layer (SPEC §11: its own
 /// window); `last` is the launch's last query position.
 __device__ __forceinline__ long long verify_row_begin(long long pos, long long last,
-                                                      long long window) {
+                                                      long long window, MutantSite site) {
   if (KVLAYER_DEVICE_MUTANT(verify_one_window) && pos != last) {
-    KVLAYER_MUTANT_REACHED(MutantSite::decode_mma);
+    KVLAYER_MUTANT_REACHED(site);
     pos = last;  // planted bug: one window for every row
   }
   return pos + 1 - window > 0 ? pos + 1 - window : 0;
@@ -342,6 +342,13 @@ __device__ __forceinline__ bool wide_tile_on_cuda_cores(bool any_wide, MutantSit
   return any_wide;
 }
 
+/// True when some value of the q5_1 block with header word dm (d | m << 16) might leave fp16's
+/// range in d·q + m: |d| > 1024 or |m| > 32768 (or a NaN / inf header). Otherwise |d·q + m| ≤
+/// 31·1024 + 32768 < 65504. Each 15-bit magnitude plus its complement carries into bit 15.
+__device__ __forceinline__ bool v_header_maybe_wide(unsigned dm) {
+  return (((dm & 0x7fff7fffu) + 0x07ff1bffu) & 0x80008000u) != 0u;
+}
+
 __device__ __forceinline__ float f16_bits(unsigned bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
 }
@@ -355,8 +362,12 @@ cudaError_t launch_split_cuda_core(const SplitParams& sp, int head_dim, int rows
 /// decode_mma.cu: the staged tensor-core split kernel with `rows` (8 or 16) mma rows.
 cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_mma.cu: the verify split kernel (SPEC §11), 16 query rows per block.
-cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, dim3 grid,
+/// decode_mma.cu: the staged verify split kernel (SPEC §11), 16 query rows per block.
+cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, dim3 grid,
+                                           cudaStream_t stream);
+/// decode_mma_verify.cu: the verify split kernel for head dim 128, `rows` (16, 32, 64) query
+/// rows per block.
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int rows, dim3 grid,
                                     cudaStream_t stream);
 /// decode_mma_direct.cu: the register-direct tensor-core split kernel (head dim 128, gqa ≤ 8).
 cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream);
@@ -364,6 +375,7 @@ cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream
 /// Resident blocks per multiprocessor (occupancy API, with the launch's attributes applied).
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);
 cudaError_t split_mma_direct_resident_blocks(int* blocks);
+cudaError_t split_mma_verify_resident_blocks(int rows, int* blocks);
 
 /// What the merge reads and writes (merge.cu).
 struct MergeParams {

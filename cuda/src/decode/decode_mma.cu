@@ -1,8 +1,9 @@
 // Split-K flash-decoding on tensor cores with shared-memory stages (SPEC §8, §11): K q8_0, V
 // q5_1. Two kernels of select_split_kernel: mma_staged (a decode: the head dims and gqa that
-// decode_mma_direct.cu does not serve) and mma_verify (T ≥ 2 queries, each row with its own
-// causal window). Same grid, partition of the live view, partial format and device-mode checks
-// as every split kernel (decode_common.cuh); merge.cu merges the partials.
+// decode_mma_direct.cu does not serve) and mma_verify_staged (T ≥ 2 queries, each row with its
+// own causal window, at the head dims decode_mma_verify.cu does not serve). Same grid, partition of
+// the live view, partial format and device-mode checks as every split kernel (decode_common.cuh);
+// merge.cu merges the partials.
 //
 // ---- Rounding points (kvlayer/accuracy.hpp (1)–(5)), as these kernels implement them -------
 //  (1) q̃ = fp16(q) (RNE); K quants exact in fp16 (fp16(1024 + 128 + q) − 1152); per 32-value
@@ -332,8 +333,10 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       row_hi[r] = 0;
       if (row < range.nrows) {
         const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
-        row_hi[r] = verify_row_end(pos, range.len);
-        row_lo[r] = p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window) : 0;
+        row_hi[r] = verify_row_end(pos, range.len, MutantSite::decode_mma);
+        row_lo[r] = p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window,
+                                                         MutantSite::decode_mma)
+                                      : 0;
       }
     }
   }
@@ -605,13 +608,12 @@ cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int row
   }
 }
 
-cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, dim3 grid,
-                                    cudaStream_t stream) {
+// NOTE: head dim 128 is decode_mma_verify.cu's (select_split_kernel): no <128, 16, true>.
+cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, dim3 grid,
+                                           cudaStream_t stream) {
   switch (head_dim) {
     case 64:
       return launch<64, 16, true>(sp, grid, stream);
-    case 128:
-      return launch<128, 16, true>(sp, grid, stream);
     default:
       return launch<256, 16, true>(sp, grid, stream);
   }

@@ -149,13 +149,6 @@ __device__ __forceinline__ __half2 v_quant_f16x2(unsigned qs, unsigned qh, unsig
   return __hsub2(as_h2(x), as_h2(bias));
 }
 
-/// True when some value of the q5_1 block with header word dm (d | m << 16) might leave fp16's
-/// range in d·q + m: |d| > 1024 or |m| > 32768 (or a NaN / inf header). Otherwise |d·q + m| ≤
-/// 31·1024 + 32768 < 65504. Each 15-bit magnitude plus its complement carries into bit 15.
-__device__ __forceinline__ bool v_header_maybe_wide(unsigned dm) {
-  return (((dm & 0x7fff7fffu) + 0x07ff1bffu) & 0x80008000u) != 0u;
-}
-
 __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
   return __ldg(reinterpret_cast<const uint2*>(p));
 }

@@ -74,7 +74,10 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
       err = launch_split_mma_staged(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_verify:
-      err = launch_split_mma_verify(sp, plan.head_dim, grid, stream);
+      err = launch_split_mma_verify(sp, choice.rows, grid, stream);
+      break;
+    case SplitKernel::mma_verify_staged:
+      err = launch_split_mma_verify_staged(sp, plan.head_dim, grid, stream);
       break;
   }
   if (err != cudaSuccess) return err;
@@ -95,6 +98,10 @@ cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
   const SplitChoice choice = select_split_kernel(plan, 0);
   if (choice.kernel == SplitKernel::mma_direct) return split_mma_direct_resident_blocks(blocks);
   return split_mma_staged_resident_blocks(head_dim, choice.rows, blocks);
+}
+
+cudaError_t mma_verify_resident_blocks(int rows, int* blocks) {
+  return split_mma_verify_resident_blocks(rows, blocks);
 }
 
 }  // namespace kvlayer::cuda::detail

@@ -1,6 +1,6 @@
-// Register-level helpers shared by the two tensor-core split kernels (decode_mma.cu,
-// decode_mma_direct.cu): the m16n8k16 f16 mma, fp16x2 bit casts and packing, the exact int8 →
-// fp16 conversion and the fragment transpose.
+// Register-level helpers shared by the tensor-core split kernels (decode_mma.cu,
+// decode_mma_direct.cu, decode_mma_verify.cu): the m16n8k16 f16 mma, ldmatrix, fp16x2 bit casts
+// and packing, the exact int8 → fp16 conversion and the fragment transpose.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -24,6 +24,24 @@ __device__ __forceinline__ unsigned transpose_8x8_f16(unsigned x) {
   unsigned y;
   asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
+}
+
+/// ldmatrix.x4: lane l gives the shared address of row l % 8 of 8×8 fp16 matrix l / 8 (16
+/// contiguous bytes); r[j] is this lane's fp16x2 of matrix j (row lane / 4, columns
+/// 2·(lane % 4) + {0, 1}), or with kTrans of its transpose.
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* row) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  else
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
 }
 
 __device__ __forceinline__ unsigned h2_bits(__half2 h) {

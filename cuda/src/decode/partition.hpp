@@ -30,8 +30,32 @@ __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa
   return head_dim == 256 ? 2 : (head_dim == 128 ? 3 : 4);
 }
 
-/// Query rows of a verify decode (SPEC §11) one tensor-core split block holds: one mma tile.
+/// Query rows of a verify decode (SPEC §11) one staged verify block holds (decode_mma.cu).
 inline constexpr int kVerifyRowsPerBlock = 16;
+
+/// Query rows of one warp row group of decode_mma_verify.cu (two 8-row n-tiles).
+inline constexpr int kVerifyWarpRows = 16;
+
+/// Resident decode_mma_verify.cu blocks per multiprocessor: its register cap (255 at 2; at 3
+/// the 170-register cap spills) and its 64 KB of shared memory allow 2.
+inline constexpr int kVerifyBlocksPerSm = 2;
+
+/// Row groups (of kVerifyWarpRows) per decode_mma_verify.cu block for T·gqa = rows: 1, 2 or 4,
+/// the rest of its kDecodeMmaWarps warps splitting each tile's keys. A warp then takes as many
+/// of a 64-key tile's 16-key m-tiles as there are row groups: one PV mma step each.
+__host__ __device__ constexpr int verify_warp_row_groups(int rows) {
+  return rows <= kVerifyWarpRows ? 1 : rows <= 2 * kVerifyWarpRows ? 2 : 4;
+}
+
+/// m-tiles per online-softmax step (one max update) of decode_mma_verify.cu: 2 (two independent
+/// chains per warp, 4–5% faster than 1, bench/NOTES.md) where a warp has two or more per tile.
+inline constexpr int kVerifyPairs = 2;
+
+/// Max updates per 64-key tile of one decode_mma_verify.cu accumulator for T·gqa = rows.
+__host__ __device__ constexpr int verify_softmax_steps(int rows) {
+  const int mtiles = verify_warp_row_groups(rows);
+  return mtiles >= kVerifyPairs ? mtiles / kVerifyPairs : mtiles;
+}
 
 /// Rows per block of a verify grid of `z` row blocks (blockIdx.z) over `rows` query rows.
 __host__ __device__ constexpr int verify_rows_per_block(int rows, int z) {

@@ -87,8 +87,13 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
     refuse(op, "verify_max_view_keys ", verify_max_view_keys, " is outside [1, 2^31 - 1]");
   plan.max_verify = max_verify;
   plan.verify_max_view_keys = verify_max_view_keys;
-  plan.verify_blocks =
-      std::int64_t(decode_mma_blocks_per_sm(plan.head_dim, 16)) * std::max(multiprocessor_count, 1);
+  // Resident blocks of the kernel select_split_kernel names: for T ≥ 2 the verify kernel, for
+  // T = 1 the decode's.
+  const std::int64_t sms = std::max(multiprocessor_count, 1);
+  const int per_sm =
+      plan.head_dim == 128 ? kVerifyBlocksPerSm : decode_mma_blocks_per_sm(plan.head_dim, 16);
+  plan.verify_blocks = std::int64_t(per_sm) * sms;
+  plan.verify_decode_blocks = std::int64_t(decode_mma_blocks_per_sm(plan.head_dim, plan.gqa)) * sms;
   for (int t = 1; t <= max_verify; ++t) {
     const std::size_t rows = std::size_t(t) * std::size_t(plan.gqa);
     const std::size_t bytes = std::size_t(plan.n_kv_heads) * std::size_t(verify_splits(plan, t)) *
@@ -98,8 +103,9 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
 }
 
 int verify_row_chunks(const DecodePlan& plan, int T) {
-  const int rows = T * plan.gqa;
-  return T <= 1 ? 1 : (rows + kVerifyRowsPerBlock - 1) / kVerifyRowsPerBlock;
+  if (T <= 1) return 1;
+  const int per_block = select_split_kernel(plan, T).rows;
+  return (T * plan.gqa + per_block - 1) / per_block;
 }
 
 int verify_splits(const DecodePlan& plan, int T) {
@@ -107,14 +113,19 @@ int verify_splits(const DecodePlan& plan, int T) {
   // than a tile.
   const std::int64_t max_tiles =
       (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
-  const std::int64_t splits =
-      plan.verify_blocks / (std::int64_t(plan.n_kv_heads) * verify_row_chunks(plan, T));
+  const std::int64_t blocks = T <= 1 ? plan.verify_decode_blocks : plan.verify_blocks;
+  const std::int64_t splits = blocks / (std::int64_t(plan.n_kv_heads) * verify_row_chunks(plan, T));
   return int(
       std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits)));
 }
 
 SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
-  if (queries >= 2) return {SplitKernel::mma_verify, 16};
+  if (queries >= 2) {
+    if (plan.head_dim == 128)
+      return {SplitKernel::mma_verify,
+              kVerifyWarpRows * verify_warp_row_groups(queries * plan.gqa)};
+    return {SplitKernel::mma_verify_staged, kVerifyRowsPerBlock};
+  }
   if (plan.kernel == DecodeKernel::cuda_core && queries == 0) {
     int rows = 1;
     while (rows < plan.gqa) rows *= 2;
@@ -134,6 +145,8 @@ const char* split_kernel_name(SplitKernel kernel) {
       return "mma_staged";
     case SplitKernel::mma_verify:
       return "mma_verify";
+    case SplitKernel::mma_verify_staged:
+      return "mma_verify_staged";
   }
   return "?";
 }
@@ -142,13 +155,22 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
   const int splits = verify_splits(plan, T);
   const std::int64_t kps =
       decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys);
-  // As plan_decode's mma kernels (T = 1 runs the decode's): a warp sees every 4th 16-key tile.
+  // T = 1 and the staged verify (as plan_decode's mma kernels): a warp sees every 4th 16-key
+  // tile, one mma step and one max update each. decode_mma_verify.cu: per 64-key tile a warp
+  // takes verify_warp_row_groups m-tiles (one mma step each) in verify_softmax_steps max updates.
+  const SplitChoice choice = select_split_kernel(plan, T);
+  std::int64_t steps_per_tile = 1, updates_per_tile = 1;
+  if (choice.kernel == SplitKernel::mma_verify) {
+    steps_per_tile = verify_warp_row_groups(T * plan.gqa);
+    updates_per_tile = verify_softmax_steps(T * plan.gqa);
+  }
+  const std::int64_t tiles = kps / kDecodeMmaTileKeys;
   kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = kps;
   shape.n_splits = splits;
-  shape.rescales = kps / kDecodeMmaTileKeys + 1;  // one per tile, + the block merge
+  shape.rescales = tiles * updates_per_tile + 1;  // + the block's merge of its warps
   shape.tensor_core = true;
-  shape.pv_mma_steps = kps / kDecodeMmaTileKeys;
+  shape.pv_mma_steps = tiles * steps_per_tile;
   return shape;
 }
 

@@ -1,0 +1,626 @@
+// Verify decode (SPEC §11) on tensor cores, head dim 128: T queries × gqa heads of a KV head
+// against one split of the cache, each query row with its own causal (and window) view. Same
+// grid, partition of the views' union in 64-key granules, partial format, device-mode checks
+// and merge kernel as every split kernel (decode_common.cuh). Rounding points
+// (kvlayer/accuracy.hpp (1)–(5)), as decode_mma_direct.cu implements them:
+//  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh
+//      f32 accumulator, × f32(d): block 0 by __fmul_rn, each later block by fmaf(c, d, s);
+//      × scale (__fmul_rn).
+//  (2) online softmax in f32, one max update per step of one or two 16-key m-tiles
+//      (verify_softmax_steps), IEEE exp2f, finite sentinel.
+//  (3) p rounded to fp16 for PV; V = d·q + m by one HFMA2 (the exact value rounded once to
+//      fp16), or the exact f32 value on the CUDA cores, keys in order and only the keys a row
+//      attends, for a tile holding a V block that may leave fp16's range or is not finite (a
+//      masked key's NaN must not meet p = 0 in an mma); row sums from the unrounded p; f32
+//      accumulation, pv_mma_steps = (keys per split / 64) · (16-key m-tiles per warp and tile,
+//      verify_warp_row_groups).
+//  (4) the block merges the warps that share a row (key groups, in order) in f32.
+//
+// ---- Why this kernel (bench/NOTES.md, session 9) -----------------------------------------
+// A decode is bound by turning q8_0 / q5_1 bytes into fp16 operands, not by its mma. The
+// verify kernel of decode_mma.cu repeats that work for every 16 query rows, so T = 8 (64 rows)
+// cost 7.5× the decode. Here the block converts each 64-key tile once, into fp16 in shared
+// memory, and every warp reads its operands from there with ldmatrix: conversion is paid once
+// per key for all T·gqa rows, and only ldmatrix, mma and the softmax grow with T.
+//  - Keys are the mma's M, query rows its N: S^T[16 keys × 8 rows] = K·q̃^T (A = K quants by
+//    ldmatrix, B = q̃ held in registers for the split), O^T[dims × rows] = V^T·P^T (A = V by
+//    ldmatrix.trans, B = the transpose (movmatrix) of p's C fragment), as decode_mma_direct.cu.
+//  - Warps form a WR × WK grid: WR row groups of 16 rows (two n-tiles), WK = 4 / WR key groups,
+//    warp (r, k) taking m-tiles k, k + WK, … of every tile, two at a time where it has two or
+//    more (independent chains). select_split_kernel picks WR from T·gqa (16 → 1, 32 → 2, more
+//    → 4; blockIdx.z takes rows beyond 64).
+//  - The conversion: thread c takes key c % 64 and blocks c / 64, c / 64 + 2, so that a warp's
+//    K blocks share one alignment, every shift is a compile-time constant and the two V
+//    blocks' pairs of quants share one byte permute.
+//  - Per tile: cp.async copies of the raw rows (two stages: tile i + 1 lands while i is
+//    converted and computed), a block-wide conversion into one fp16 stage (K quants, K block
+//    scales d, V values), then the mma phase. Two barriers per tile; the second is a
+//    __syncthreads_or that also tells every warp whether the tile holds a wide or bad V block.
+//  - fp16 rows are 272 bytes (256 + 16): the 8 row addresses of an ldmatrix hit all 32 banks.
+//  - The softmax skips the masks for m-tiles whose keys every real row of the warp attends.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cp_async.cuh"
+#include "decode/decode.hpp"
+#include "decode/decode_common.cuh"
+#include "decode/mma_fragments.cuh"
+#include "decode/partition.hpp"
+#include "device_status.cuh"
+
+namespace kvlayer::cuda::detail::decode_impl {
+namespace {
+
+constexpr int kD = 128;
+constexpr int kBlocks = kD / 32;
+constexpr int kKBytes = k_head_bytes(kD);  ///< raw K span of one head in a row (136)
+constexpr int kVBytes = v_head_bytes(kD);  ///< raw V span of one head in a row (96)
+constexpr int kWarps = kDecodeMmaWarps;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = kDecodeMmaTileKeys;  ///< keys per block tile (the partition granule)
+constexpr int kMTiles = kTile / 16;        ///< 16-key m-tiles per tile
+constexpr int kNTiles = 2;                 ///< 8-row n-tiles per warp
+constexpr int kDimTiles = kD / 16;         ///< 16-dim m-tiles of PV
+constexpr int kF16Stride = 2 * kD + 16;    ///< fp16 row (bytes): 4·odd words
+static_assert(kThreads == kDecodeThreads && kTile == 64 && kVerifyWarpRows == 8 * kNTiles);
+static_assert((kF16Stride / 4) % 8 == 4 && kF16Stride % 16 == 0);
+
+// Shared memory (bytes): raw stages [2] (K rows, then V rows), then one fp16 stage: K quants,
+// V values, K scales (4 fp16 per key). The final merge reuses the fp16 stage.
+constexpr int kRawK = kTile * kKBytes;
+/// Raw V row stride in a stage (bytes): 7·16, so that the 8-byte header loads of 8 keys in a
+/// row hit 8 bank pairs (96 would put keys 4 apart on the same banks).
+constexpr int kVStride = 112;
+constexpr int kRawStage = kRawK + kTile * kVStride;
+constexpr int kOStride = kD + 4;  ///< merge staging row (floats)
+constexpr int kMergeFloats = kWarps * 16 * (kOStride + 3);
+static_assert(kRawStage % 16 == 0);
+
+/// Raw stages: tile i + 1 is copied while tile i is converted and computed (a third stage
+/// measured no faster, bench/NOTES.md).
+constexpr int kVerifyStages = 2;
+
+/// Offsets of the fp16 stage behind kStages raw stages.
+template <int kStages>
+struct VerifySmem {
+  static constexpr int kKf = kStages * kRawStage;
+  static constexpr int kVf = kKf + kTile * kF16Stride;
+  static constexpr int kKd = kVf + kTile * kF16Stride;
+  static constexpr int kBytes = kKd + kTile * kBlocks * 2;
+  static_assert(kMergeFloats * 4 <= kKd - kKf, "the merge staging fits the fp16 stage");
+};
+
+/// Copies the raw K and V rows of `valid` keys from row0 (physical) into a raw stage: K in
+/// 8-byte pieces (a head's span is 8-byte aligned), V in 16-byte pieces.
+__device__ __forceinline__ void copy_raw_tile(std::uint8_t* stage, const std::uint8_t* k_head,
+                                              const std::uint8_t* v_head, long long row0,
+                                              long long k_tok, long long v_tok, int valid) {
+  const std::uint8_t* ks = k_head + row0 * k_tok;
+  const std::uint8_t* vs = v_head + row0 * v_tok;
+  constexpr int kKPieces = kKBytes / 8, kVPieces = kVBytes / 16;
+  for (int c = threadIdx.x; c < valid * kKPieces; c += kThreads) {
+    const int key = c / kKPieces, piece = c % kKPieces;
+    cp_async<8>(stage + key * kKBytes + 8 * piece, ks + key * k_tok + 8 * piece);
+  }
+  for (int c = threadIdx.x; c < valid * kVPieces; c += kThreads) {
+    const int key = c / kVPieces, piece = c % kVPieces;
+    cp_async<16>(stage + kRawK + key * kVStride + 16 * piece, vs + key * v_tok + 16 * piece);
+  }
+}
+
+/// Shifts left by kS (right by −kS): a compile-time funnel for the q5_1 high bits.
+template <int kS>
+__device__ __forceinline__ unsigned shift_by(unsigned x) {
+  if constexpr (kS >= 0)
+    return x << kS;
+  else
+    return x >> -kS;
+}
+
+/// The block-wide conversion of a raw stage into the fp16 stage. Thread c converts key c % 64,
+/// 32-value blocks c / 64 and c / 64 + 2, of K and of V (so a warp's blocks share their parity,
+/// and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is 0, and
+/// 0 · 0 keeps every row finite). Returns whether one of this thread's V blocks may leave
+/// fp16's range or is not finite (v_header_maybe_wide).
+template <int kStages>
+__device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint8_t* raw,
+                                             int valid) {
+  using L = VerifySmem<kStages>;
+  const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
+  std::uint8_t* kf = smem + L::kKf + key * kF16Stride;
+  std::uint8_t* vf = smem + L::kVf + key * kF16Stride;
+  auto* kd = reinterpret_cast<unsigned short*>(smem + L::kKd) + key * kBlocks;
+  if (key >= valid) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int b = b0 + 2 * j;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      kd[b] = 0;
+    }
+    return false;
+  }
+  bool wide = false;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int b = b0 + 2 * j;
+    // ---- K block b: d at byte 34b of the key's span, its 32 quants after it. Even b: the block
+    // is 4-byte aligned (quants at 2 mod 4, funnelled from 9 words); odd b: its quants are.
+    const std::uint8_t* kb = raw + key * kKBytes + kQ8_0BlockBytes * b;
+    unsigned qw[8];
+    if (b0 == 0) {
+      const unsigned* w = reinterpret_cast<const unsigned*>(kb);
+      unsigned x[9];
+#pragma unroll
+      for (int i = 0; i < 9; ++i) x[i] = w[i];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qw[i] = __byte_perm(x[i], x[i + 1], 0x5432);
+      kd[b] = static_cast<unsigned short>(x[0] & 0xffffu);
+    } else {
+      const unsigned* w = reinterpret_cast<const unsigned*>(kb + 2);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qw[i] = w[i];
+      kd[b] = *reinterpret_cast<const unsigned short*>(kb);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const unsigned u0 = qw[2 * c] ^ 0x80808080u, u1 = qw[2 * c + 1] ^ 0x80808080u;
+      *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) =
+          make_uint4(int8_pair_to_f16x2(u0, 0), int8_pair_to_f16x2(u0, 1),
+                     int8_pair_to_f16x2(u1, 0), int8_pair_to_f16x2(u1, 1));
+    }
+
+    // ---- V block b (d | m << 16, qh, 16 qs bytes): quant j < 16 is the low nibble of qs[j],
+    // j ≥ 16 the high nibble of qs[j − 16], bit j of qh its fifth bit. The pair (j, j + 1) as
+    // fp16x2: 1024 + q (nibble in bits 0..3, fifth bit in bit 4) or 64 + q (nibble in bits
+    // 4..7, fifth bit in bit 8), minus the bias exactly, then d·q + m rounded once (HFMA2).
+    const std::uint8_t* vb = raw + kRawK + key * kVStride + kQ5_1BlockBytes * b;
+    const uint2 hdr = *reinterpret_cast<const uint2*>(vb);
+    const uint2 qa = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles);
+    const uint2 qb2 = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles + 8);
+    wide = wide || v_header_maybe_wide(hdr.x);
+    const __half2 d2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x1010));
+    const __half2 m2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x3232));
+    // Fifth bits j and j + 1 (j even) at bits j and j + 16 of y (low quants), of y_hi (high).
+    const unsigned lo16 = hdr.y & 0xffffu, hi16 = hdr.y >> 16;
+    const unsigned y_lo = lo16 | (lo16 << 15), y_hi = hi16 | (hi16 << 15);
+    const unsigned qs[4] = {qa.x, qa.y, qb2.x, qb2.y};
+    unsigned v[16];
+    const auto pair = [&](auto i_c) {
+      constexpr int i = decltype(i_c)::value;  // quants 2i, 2i + 1 and 16 + 2i, 17 + 2i
+      const unsigned bytes = __byte_perm(qs[i / 2], 0u, (i & 1) ? 0x4342u : 0x4140u);
+      const unsigned xl =
+          (bytes & 0x000f000fu) | (shift_by<4 - 2 * i>(y_lo) & 0x00100010u) | 0x64006400u;
+      const unsigned xh =
+          (bytes & 0x00f000f0u) | (shift_by<8 - 2 * i>(y_hi) & 0x01000100u) | 0x54005400u;
+      v[i] = h2_bits(__hfma2(d2, __hsub2(as_h2(xl), as_h2(0x64006400u)), m2));
+      v[8 + i] = h2_bits(__hfma2(d2, __hsub2(as_h2(xh), as_h2(0x54005400u)), m2));
+    };
+    pair(std::integral_constant<int, 0>{});
+    pair(std::integral_constant<int, 1>{});
+    pair(std::integral_constant<int, 2>{});
+    pair(std::integral_constant<int, 3>{});
+    pair(std::integral_constant<int, 4>{});
+    pair(std::integral_constant<int, 5>{});
+    pair(std::integral_constant<int, 6>{});
+    pair(std::integral_constant<int, 7>{});
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) =
+          make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+  }
+  return wide;
+}
+
+/// The exact f32 value of V (key, dim) from a raw stage (SPEC §4: d·q + m in f32).
+__device__ __forceinline__ float v_exact(const std::uint8_t* raw, int key, int dim) {
+  const std::uint8_t* blk = raw + kRawK + key * kVStride + kQ5_1BlockBytes * (dim / 32);
+  const int j = dim % 32;
+  const unsigned dm = *reinterpret_cast<const unsigned*>(blk);
+  const unsigned qh = *reinterpret_cast<const unsigned*>(blk + 4);
+  const unsigned byte = blk[kQ5_1Nibbles + (j & 15)];
+  const unsigned q = ((j < 16 ? byte : byte >> 4) & 0xfu) | (((qh >> j) & 1u) << 4);
+  return __fadd_rn(__fmul_rn(f16_bits(dm & 0xffffu), float(q)), f16_bits(dm >> 16));
+}
+
+/// One block per (split, KV head, rows chunk of 16·WR). Warp (wr, wk) = (warp / WK, warp % WK).
+template <int WR, int kStages = kVerifyStages, int kPairs = kVerifyPairs>
+__global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
+    decode_split_mma_verify_kernel(const SplitParams p) {
+  using L = VerifySmem<kStages>;
+  constexpr int kKf = L::kKf, kVf = L::kVf, kKd = L::kKd;
+  constexpr int WK = kWarps / WR;
+  constexpr int kMy = kMTiles / WK;                              // m-tiles per warp and tile
+  constexpr int kNJ = kPairs > 1 && kMy >= kPairs ? kPairs : 1;  // m-tiles per softmax step
+  // The plan's accumulation shape (verify_accumulation_shape) counts these.
+  static_assert(kMy == verify_warp_row_groups(kVerifyWarpRows * WR) &&
+                kMy / kNJ == verify_softmax_steps(kVerifyWarpRows * WR));
+  constexpr MutantSite kSite = MutantSite::decode_mma_verify;
+  extern __shared__ __align__(16) std::uint8_t smem[];
+
+  const SplitRange range = begin_split(p, kD, kTile, kSite);
+  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+
+  const int kv = blockIdx.y;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32, lane = tid % 32;
+  const int wr = warp / WK, wk = warp % WK;
+  const int g = lane >> 2, t = lane & 3;
+  const int G = p.gqa;
+  const int n_kv = int(gridDim.y);
+  const long long lo = range.lo, hi = range.hi;
+
+  // ---- q̃ as the QK B fragments for the split: qb[nt][ks][j], row 16wr + 8nt + g of the block,
+  // dims 16ks + 2t + 8j + {0, 1} (zero for padding rows). ----
+  unsigned qb[kNTiles][kDimTiles][2];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+    const int row = 16 * wr + 8 * nt + g;
+    const bool real = row < range.nrows;
+    const float* q_row = p.q + query_row_index(range.row0 + (real ? row : 0), kv, G, n_kv) * kD;
+#pragma unroll
+    for (int ks = 0; ks < kDimTiles; ++ks)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int dim = 16 * ks + 2 * t + 8 * j;
+        const float x0 = real ? q_operand(q_row[dim], p.scale, kSite) : 0.0f;
+        const float x1 = real ? q_operand(q_row[dim + 1], p.scale, kSite) : 0.0f;
+        qb[nt][ks][j] = pack_f16x2(x0, x1);
+      }
+  }
+
+  // The keys each of this lane's softmax rows (16wr + 8nt + 2t + h) attends, as offsets from lo
+  // clipped to [0, hi − lo] (SPEC §11: query i at p_i = len − T + i sees [max(0, p_i + 1 −
+  // window), p_i + 1)); padding rows none.
+  const int n_keys = static_cast<int>(hi - lo);
+  int row_lo[kNTiles][2], row_hi[kNTiles][2];
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = 16 * wr + 8 * nt + 2 * t + h;
+      row_lo[nt][h] = 0;
+      row_hi[nt][h] = 0;
+      if (row < range.nrows) {
+        const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
+        const long long end = verify_row_end(pos, range.len, kSite);
+        const long long begin =
+            p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window, kSite) : 0;
+        row_hi[nt][h] = static_cast<int>(min(max(end - lo, 0ll), (long long)n_keys));
+        row_lo[nt][h] = static_cast<int>(min(max(begin - lo, 0ll), (long long)n_keys));
+      }
+    }
+
+  // The keys every real row of this warp attends: [warp_lo, warp_hi) (empty: no fast path).
+  int warp_lo = 0, warp_hi = n_keys;
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (16 * wr + 8 * nt + 2 * t + h < range.nrows) {
+        warp_lo = max(warp_lo, row_lo[nt][h]);
+        warp_hi = min(warp_hi, row_hi[nt][h]);
+      }
+  warp_lo = max(warp_lo, __shfl_xor_sync(kFullMask, warp_lo, 1));
+  warp_lo = max(warp_lo, __shfl_xor_sync(kFullMask, warp_lo, 2));
+  warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 1));
+  warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 2));
+
+  float m_run[kNTiles][2], l_run[kNTiles][2];
+  float o[kNTiles][kDimTiles][4];  // (dim 16dm + g + 8(e / 2), row 16wr + 8nt + 2t + e % 2)
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_run[nt][h] = kNegSentinel;
+      l_run[nt][h] = 0.0f;
+    }
+#pragma unroll
+    for (int dm = 0; dm < kDimTiles; ++dm)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[nt][dm][e] = 0.0f;
+  }
+
+  const std::uint8_t* k_head = p.k_plane + (long long)kv * kKBytes;
+  const std::uint8_t* v_head = p.v_plane + (long long)kv * kVBytes;
+  const int n_tiles = (n_keys + kTile - 1) / kTile;
+  auto valid_of = [&](int i) { return min(kTile, n_keys - kTile * i); };
+  // ldmatrix row addresses of this lane within an m-tile: K (keys l % 8 + 8·(l / 8 % 2), dims
+  // + 8·(l / 16)), V transposed (keys l % 8 + 8·(l / 16), dims + 8·(l / 8 % 2)).
+  const int k_lrow = (lane & 7) + 8 * ((lane >> 3) & 1), k_lcol = 8 * (lane >> 4);
+  const int v_lrow = (lane & 7) + 8 * (lane >> 4), v_lcol = 8 * ((lane >> 3) & 1);
+
+  // Copies of tile i go to raw stage i % kStages, kStages − 1 tiles ahead; one commit group per
+  // tile (empty past the last), so that a fixed wait count finds tile i landed.
+  const auto copy = [&](int i) {
+    if (i < n_tiles)
+      copy_raw_tile(smem + (i % kStages) * kRawStage, k_head, v_head, lo + kTile * i - range.base,
+                    p.k_tok_bytes, p.v_tok_bytes, valid_of(i));
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < kStages - 1; ++i) copy(i);
+  for (int i = 0; i < n_tiles; ++i) {
+    const std::uint8_t* raw = smem + (i % kStages) * kRawStage;
+    const int valid = valid_of(i);
+    cp_async_wait<kStages - 2>();  // this thread's copies of tile i have landed
+    __syncthreads();  // every thread's have; every warp is done with tile i − 1 (and its stage)
+    copy(i + kStages - 1);
+    const bool special = __syncthreads_or(convert_tile<kStages>(smem, raw, valid));
+    const int key_off = kTile * i;  // the tile's first key, as an offset from lo
+    const bool f32_pv = wide_tile_on_cuda_cores(special, kSite);
+
+    // kNJ m-tiles at a time (NOTE: not the whole tile: its scores and operands at once need more
+    // than 255 registers), with one max update for them.
+#pragma unroll 1
+    for (int j0 = 0; j0 < kMy; j0 += kNJ) {
+      // ---- QK: s[jj][nt][e] for key 16mt + g + 8(e / 2) of m-tile mt = wk + WK·(j0 + jj),
+      // row (nt, e % 2). ----
+      float s[kNJ][kNTiles][4];
+#pragma unroll
+      for (int jj = 0; jj < kNJ; ++jj) {
+        const int mt = wk + WK * (j0 + jj);
+        const uint2 dk0 = *reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g) * kBlocks * 2);
+        const uint2 dk1 =
+            *reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g + 8) * kBlocks * 2);
+        const std::uint8_t* krow = smem + kKf + (16 * mt + k_lrow) * kF16Stride + 2 * k_lcol;
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b) {
+          float c[kNTiles][4] = {};
+#pragma unroll
+          for (int ks = 2 * b; ks < 2 * b + 2; ++ks) {
+            unsigned a[4];
+            ldmatrix_x4<false>(a, krow + 32 * ks);
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt)
+              mma_16816(c[nt], a[0], a[1], a[2], a[3], qb[nt][ks][0], qb[nt][ks][1]);
+          }
+          const unsigned w0 = (b < 2) ? dk0.x : dk0.y, w1 = (b < 2) ? dk1.x : dk1.y;
+          const float d0 = f16_bits((b & 1) ? w0 >> 16 : w0 & 0xffffu);
+          const float d1 = f16_bits((b & 1) ? w1 >> 16 : w1 & 0xffffu);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const float d = e < 2 ? d0 : d1;
+              s[jj][nt][e] = b == 0 ? __fmul_rn(c[nt][e], d) : fmaf(c[nt][e], d, s[jj][nt][e]);
+            }
+        }
+      }
+
+      // ---- Online softmax per row over the keys it attends (p = 0 elsewhere). When every key
+      // of these m-tiles is in every real row's view (the common case), no mask is evaluated.
+      bool rescale = false;
+      float alpha[kNTiles][2];
+      const int mt_first = wk + WK * j0, mt_last = wk + WK * (j0 + kNJ - 1);
+      const bool full = 16 * mt_last + 16 <= valid && key_off + 16 * mt_first >= warp_lo &&
+                        key_off + 16 * mt_last + 16 <= warp_hi;
+      const auto softmax = [&](auto full_c) {
+        constexpr bool kFull = decltype(full_c)::value;
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            bool att[kNJ][2];
+            float top = kNegSentinel;
+#pragma unroll
+            for (int jj = 0; jj < kNJ; ++jj)
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const int k = 16 * (wk + WK * (j0 + jj)) + g + 8 * r;  // key of the tile
+                att[jj][r] = kFull || (k < valid && key_off + k >= row_lo[nt][h] &&
+                                       key_off + k < row_hi[nt][h]);
+                s[jj][nt][2 * r + h] = score_scaled(s[jj][nt][2 * r + h], p.scale);
+                if (att[jj][r]) top = fmaxf(top, s[jj][nt][2 * r + h]);
+              }
+            top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 4));
+            top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 8));
+            top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 16));
+            const float m_new = fmaxf(m_run[nt][h], top);
+            alpha[nt][h] = softmax_rescale(m_run[nt][h], m_new);
+            rescale = rescale || alpha[nt][h] != 1.0f;
+            float sum = 0.0f;
+#pragma unroll
+            for (int jj = 0; jj < kNJ; ++jj)
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                s[jj][nt][2 * r + h] =
+                    att[jj][r] ? softmax_weight(s[jj][nt][2 * r + h], m_new) : 0.0f;
+                sum += s[jj][nt][2 * r + h];
+              }
+            l_run[nt][h] = l_run[nt][h] * alpha[nt][h] + sum;
+            m_run[nt][h] = m_new;
+          }
+      };
+      if (full)
+        softmax(std::true_type{});
+      else
+        softmax(std::false_type{});
+      if (__any_sync(kFullMask, rescale)) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int dm = 0; dm < kDimTiles; ++dm)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              o[nt][dm][e] = pv_accumulator(o[nt][dm][e] * alpha[nt][e & 1], kSite);
+      }
+
+      // ---- PV. ----
+#pragma unroll
+      for (int jj = 0; jj < kNJ; ++jj) {
+        const int mt = wk + WK * (j0 + jj);
+        if (f32_pv) {
+          // CUDA cores, f32, keys in order, only the keys each row attends: V exact, p
+          // unrounded.
+#pragma unroll 1
+          for (int k = 0; k < 16; ++k) {
+            const int key = 16 * mt + k;
+            if (key >= valid) break;  // warp-uniform
+            const int src = ((k & 7) << 2) | t;
+            float pk[kNTiles][2];
+            bool att[kNTiles][2];
+#pragma unroll
+            for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                pk[nt][h] = __shfl_sync(kFullMask, k < 8 ? s[jj][nt][h] : s[jj][nt][2 + h], src);
+                att[nt][h] = key_off + key >= row_lo[nt][h] && key_off + key < row_hi[nt][h];
+              }
+#pragma unroll
+            for (int dm = 0; dm < kDimTiles; ++dm)
+#pragma unroll
+              for (int r = 0; r < 2; ++r) {
+                const float v = v_exact(raw, key, 16 * dm + g + 8 * r);
+#pragma unroll
+                for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+                  for (int h = 0; h < 2; ++h)
+                    if (att[nt][h])
+                      o[nt][dm][2 * r + h] =
+                          pv_accumulator(fmaf(pk[nt][h], v, o[nt][dm][2 * r + h]), kSite);
+                // NOTE: keeps the next value's loads from being hoisted here: on this rare
+                // path, registers matter more than latency.
+                asm volatile("" ::: "memory");
+              }
+          }
+          continue;
+        }
+        unsigned pb[kNTiles][2];  // p̃^T: keys 2t, 2t + 1 (+ 8), row g of n-tile nt
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt) {
+          pb[nt][0] = transpose_8x8_f16(pack_f16x2(s[jj][nt][0], s[jj][nt][1]));
+          pb[nt][1] = transpose_8x8_f16(pack_f16x2(s[jj][nt][2], s[jj][nt][3]));
+        }
+        const std::uint8_t* vrow = smem + kVf + (16 * mt + v_lrow) * kF16Stride + 2 * v_lcol;
+#pragma unroll
+        for (int dm = 0; dm < kDimTiles; ++dm) {
+          unsigned a[4];
+          ldmatrix_x4<true>(a, vrow + 32 * dm);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt) {
+            mma_16816(o[nt][dm], a[0], a[1], a[2], a[3], pb[nt][0], pb[nt][1]);
+            pv_accumulators(o[nt][dm], kSite);
+          }
+        }
+      }
+    }
+  }
+
+  // ---- Merge the WK warps of each row group into the split's partial. ----
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 4);
+      l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 8);
+      l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 16);
+    }
+  __syncthreads();                                    // every warp is done with the fp16 stage
+  float* m_s = reinterpret_cast<float*>(smem + kKf);  // [warp][16]
+  float* l_s = m_s + kWarps * 16;
+  float* w_s = l_s + kWarps * 16;
+  float* o_s = w_s + kWarps * 16;  // [warp][16][kOStride]
+  if (g == 0) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_s[warp * 16 + 8 * nt + 2 * t + h] = m_run[nt][h];
+        l_s[warp * 16 + 8 * nt + 2 * t + h] = l_run[nt][h];
+      }
+  }
+#pragma unroll
+  for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+    for (int dm = 0; dm < kDimTiles; ++dm)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o_s[(warp * 16 + 8 * nt + 2 * t + (e & 1)) * kOStride + 16 * dm + g + 8 * (e >> 1)] =
+            o[nt][dm][e];
+  __syncthreads();
+  const int rows = range.nrows;
+  if (tid < rows) {
+    const int w0 = (tid / 16) * WK, lr = tid % 16;
+    float top = kNegSentinel;
+#pragma unroll
+    for (int k = 0; k < WK; ++k) top = fmaxf(top, m_s[(w0 + k) * 16 + lr]);
+    float den = 0.0f;
+#pragma unroll
+    for (int k = 0; k < WK; ++k) {
+      const float wt = softmax_rescale(m_s[(w0 + k) * 16 + lr], top);
+      w_s[(w0 + k) * 16 + lr] = wt;
+      den = fmaf(l_s[(w0 + k) * 16 + lr], wt, den);
+    }
+    range.m[tid] = top;
+    range.l[tid] = den;
+  }
+  __syncthreads();
+  for (int i = tid; i < rows * kD; i += kThreads) {
+    const int r = i / kD, col = i % kD;
+    const int w0 = (r / 16) * WK, lr = r % 16;
+    float num = 0.0f;
+#pragma unroll
+    for (int k = 0; k < WK; ++k)
+      num = fmaf(o_s[((w0 + k) * 16 + lr) * kOStride + col], w_s[(w0 + k) * 16 + lr], num);
+    range.o[i] = num;
+  }
+}
+
+template <int WR>
+cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  // Not a stream operation (legal while capturing); set per launch so every device the process
+  // uses gets it.
+  constexpr int kBytes = VerifySmem<kVerifyStages>::kBytes;
+  if (const cudaError_t err = cudaFuncSetAttribute(
+          decode_split_mma_verify_kernel<WR>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+      err != cudaSuccess)
+    return err;
+  decode_split_mma_verify_kernel<WR><<<grid, kThreads, kBytes, stream>>>(sp);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int rows, dim3 grid,
+                                    cudaStream_t stream) {
+  switch (rows) {
+    case 16:
+      return launch<1>(sp, grid, stream);
+    case 32:
+      return launch<2>(sp, grid, stream);
+    default:
+      return launch<4>(sp, grid, stream);
+  }
+}
+
+cudaError_t split_mma_verify_resident_blocks(int rows, int* blocks) {
+  constexpr int kBytes = VerifySmem<kVerifyStages>::kBytes;
+  const auto query = [&](auto kernel) -> cudaError_t {
+    if (const cudaError_t err =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+        err != cudaSuccess)
+      return err;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, kBytes);
+  };
+  switch (rows) {
+    case 16:
+      return query(decode_split_mma_verify_kernel<1>);
+    case 32:
+      return query(decode_split_mma_verify_kernel<2>);
+    default:
+      return query(decode_split_mma_verify_kernel<4>);
+  }
+}
+
+}  // namespace kvlayer::cuda::detail::decode_impl
+
+namespace kvlayer::cuda::detail {
+KVLAYER_DEFINE_MUTANT_UNIT(decode_mma_verify)
+}  // namespace kvlayer::cuda::detail
