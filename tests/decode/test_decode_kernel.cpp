@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "decode/partition.hpp"
@@ -123,8 +124,11 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
       {128, 3, 11, DecodeKernel::mma, SplitKernel::mma_verify, 64},
       {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::mma_verify, 64},
       {128, 1, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
-      // The other head dims: the staged verify, 16 rows per block.
-      {256, 1, 5, DecodeKernel::cuda_core, SplitKernel::mma_verify_staged, 16},
+      // Head dim 256: 8-row groups, at least two of them.
+      {256, 1, 5, DecodeKernel::cuda_core, SplitKernel::mma_verify, 16},
+      {256, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
+      {256, 8, 8, DecodeKernel::mma, SplitKernel::mma_verify, 32},
+      // Head dim 64: the staged verify, 16 rows per block.
       {64, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify_staged, 16},
   };
   for (const Case& c : cases) {
@@ -168,13 +172,21 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   EXPECT_EQ(t2.rescales, t2.max_keys_per_split / 64 + 1);
   EXPECT_EQ(t4.rescales, t4.max_keys_per_split / 64 + 1);
   EXPECT_EQ(t8.rescales, t8.max_keys_per_split / 64 * 2 + 1);
-  // The staged verify (head dim 256): 16 rows per block, every 4th 16-key tile per warp.
+  // Head dim 256: 32-key tiles, 32 rows per block; at T = 8 a warp takes both m-tiles of a
+  // tile in one softmax step.
   auto q = plan_decode(4, 256, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(q, 16, 131072, 132);
-  EXPECT_EQ(cuda::detail::verify_row_chunks(q, 8), 4);
-  const kvlayer::AccumulationShape s8 = cuda::detail::verify_accumulation_shape(q, 8);
-  EXPECT_EQ(s8.pv_mma_steps, s8.max_keys_per_split / 64);
-  EXPECT_EQ(s8.rescales, s8.pv_mma_steps + 1);
+  EXPECT_EQ(cuda::detail::verify_row_chunks(q, 8), 2);
+  const kvlayer::AccumulationShape q8 = cuda::detail::verify_accumulation_shape(q, 8);
+  EXPECT_EQ(q8.pv_mma_steps, q8.max_keys_per_split / 32 * 2);
+  EXPECT_EQ(q8.rescales, q8.max_keys_per_split / 32 + 1);
+  // The staged verify (head dim 64): 16 rows per block, every 4th 16-key tile per warp.
+  auto r = plan_decode(4, 64, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
+  cuda::detail::plan_verify(r, 16, 131072, 132);
+  EXPECT_EQ(cuda::detail::verify_row_chunks(r, 8), 4);
+  const kvlayer::AccumulationShape r8 = cuda::detail::verify_accumulation_shape(r, 8);
+  EXPECT_EQ(r8.pv_mma_steps, r8.max_keys_per_split / 64);
+  EXPECT_EQ(r8.rescales, r8.pv_mma_steps + 1);
 }
 
 // The plan sizes its grid for decode_mma_blocks_per_sm resident blocks; if fewer fit (registers,
@@ -188,10 +200,10 @@ TEST(DecodePlan, MmaBlocksPerSmAreResident) {
       EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, gqa))
           << "D " << d << " gqa " << gqa;
     }
-  for (const int rows : {16, 32, 64}) {
+  for (const auto& [d, rows] : {std::pair{128, 16}, {128, 32}, {128, 64}, {256, 16}, {256, 32}}) {
     int blocks = 0;
-    ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(rows, &blocks), cudaSuccess);
-    EXPECT_GE(blocks, cuda::detail::kVerifyBlocksPerSm) << "verify rows " << rows;
+    ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(d, rows, &blocks), cudaSuccess);
+    EXPECT_GE(blocks, cuda::detail::kVerifyBlocksPerSm) << "verify D " << d << " rows " << rows;
   }
 }
 

@@ -26,11 +26,11 @@ enum class DecodeKernel {
 
 /// Every split kernel of the decode (all write the same partials; one merge, merge.cu).
 enum class SplitKernel {
-  cuda_core,          ///< decode_cuda_core.cu: decodes of a cuda_core plan
-  mma_direct,         ///< decode_mma_direct.cu: register-direct loads; head dim 128, gqa ≤ 8
-  mma_staged,         ///< decode_mma.cu: cp.async stages per warp; the other head dims and gqa
-  mma_verify,         ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dim 128
-  mma_verify_staged,  ///< decode_mma.cu: verify decodes of T ≥ 2, head dims 64 and 256
+  cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
+  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, gqa ≤ 8
+  mma_staged,  ///< decode_mma.cu: cp.async stages per warp; the other head dims and gqa
+  mma_verify,  ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dims 128, 256
+  mma_verify_staged,  ///< decode_mma.cu: verify decodes of T ≥ 2, head dim 64
 };
 
 struct DecodePlan;
@@ -39,7 +39,7 @@ struct DecodePlan;
 struct SplitChoice {
   SplitKernel kernel = SplitKernel::mma_staged;
   /// Query rows the kernel is built for: cuda_core 1, 2, 4, 8, 16 (≥ gqa); mma 8 or 16;
-  /// mma_verify 16, 32 or 64 per block (verify_warp_row_groups).
+  /// mma_verify 16, 32 or 64 per block (verify_group_rows · verify_row_groups).
   int rows = 16;
 };
 
@@ -129,9 +129,9 @@ DecodeKernel default_decode_kernel();
 /// The plan sizes its grid for decode_mma_blocks_per_sm(head_dim, gqa) of them.
 cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks);
 
-/// The same for decode_mma_verify.cu's kernel of `rows` (16, 32, 64) query rows per block; the
-/// verify plan (plan_verify) sizes its grid for kVerifyBlocksPerSm of them.
-cudaError_t mma_verify_resident_blocks(int rows, int* blocks);
+/// The same for decode_mma_verify.cu's kernel for head_dim (128, 256) and `rows` query rows
+/// per block (select_split_kernel's); plan_verify sizes its grid for kVerifyBlocksPerSm.
+cudaError_t mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
 
 /// One decode launch.
 struct DecodeArgs {

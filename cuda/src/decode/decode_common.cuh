@@ -365,9 +365,9 @@ cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int row
 /// decode_mma.cu: the staged verify split kernel (SPEC §11), 16 query rows per block.
 cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, dim3 grid,
                                            cudaStream_t stream);
-/// decode_mma_verify.cu: the verify split kernel for head dim 128, `rows` (16, 32, 64) query
-/// rows per block.
-cudaError_t launch_split_mma_verify(const SplitParams& sp, int rows, dim3 grid,
+/// decode_mma_verify.cu: the verify split kernel for head dim 128 or 256, `rows` query rows per
+/// block (select_split_kernel's).
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
 /// decode_mma_direct.cu: the register-direct tensor-core split kernel (head dim 128, gqa ≤ 8).
 cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream);
@@ -375,7 +375,7 @@ cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream
 /// Resident blocks per multiprocessor (occupancy API, with the launch's attributes applied).
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);
 cudaError_t split_mma_direct_resident_blocks(int* blocks);
-cudaError_t split_mma_verify_resident_blocks(int rows, int* blocks);
+cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
 
 /// What the merge reads and writes (merge.cu).
 struct MergeParams {

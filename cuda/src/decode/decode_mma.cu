@@ -1,9 +1,9 @@
 // Split-K flash-decoding on tensor cores with shared-memory stages (SPEC §8, §11): K q8_0, V
 // q5_1. Two kernels of select_split_kernel: mma_staged (a decode: the head dims and gqa that
 // decode_mma_direct.cu does not serve) and mma_verify_staged (T ≥ 2 queries, each row with its
-// own causal window, at the head dims decode_mma_verify.cu does not serve). Same grid, partition of
-// the live view, partial format and device-mode checks as every split kernel (decode_common.cuh);
-// merge.cu merges the partials.
+// own causal window, at head dim 64, which decode_mma_verify.cu does not serve). Same grid,
+// partition of the live view, partial format and device-mode checks as every split kernel
+// (decode_common.cuh); merge.cu merges the partials.
 //
 // ---- Rounding points (kvlayer/accuracy.hpp (1)–(5)), as these kernels implement them -------
 //  (1) q̃ = fp16(q) (RNE); K quants exact in fp16 (fp16(1024 + 128 + q) − 1152); per 32-value
@@ -608,15 +608,11 @@ cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int row
   }
 }
 
-// NOTE: head dim 128 is decode_mma_verify.cu's (select_split_kernel): no <128, 16, true>.
+// NOTE: head dims 128 and 256 are decode_mma_verify.cu's (select_split_kernel).
 cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, dim3 grid,
                                            cudaStream_t stream) {
-  switch (head_dim) {
-    case 64:
-      return launch<64, 16, true>(sp, grid, stream);
-    default:
-      return launch<256, 16, true>(sp, grid, stream);
-  }
+  (void)head_dim;
+  return launch<64, 16, true>(sp, grid, stream);
 }
 
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks) {

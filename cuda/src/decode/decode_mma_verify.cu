@@ -1,7 +1,7 @@
-// Verify decode (SPEC §11) on tensor cores, head dim 128: T queries × gqa heads of a KV head
-// against one split of the cache, each query row with its own causal (and window) view. Same
-// grid, partition of the views' union in 64-key granules, partial format, device-mode checks
-// and merge kernel as every split kernel (decode_common.cuh). Rounding points
+// Verify decode (SPEC §11) on tensor cores, head dims 128 and 256: T queries × gqa heads of a
+// KV head against one split of the cache, each query row with its own causal (and window) view.
+// Same grid, partition of the views' union in 64-key granules, partial format, device-mode
+// checks and merge kernel as every split kernel (decode_common.cuh). Rounding points
 // (kvlayer/accuracy.hpp (1)–(5)), as decode_mma_direct.cu implements them:
 //  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh
 //      f32 accumulator, × f32(d): block 0 by __fmul_rn, each later block by fmaf(c, d, s);
@@ -12,31 +12,33 @@
 //      fp16), or the exact f32 value on the CUDA cores, keys in order and only the keys a row
 //      attends, for a tile holding a V block that may leave fp16's range or is not finite (a
 //      masked key's NaN must not meet p = 0 in an mma); row sums from the unrounded p; f32
-//      accumulation, pv_mma_steps = (keys per split / 64) · (16-key m-tiles per warp and tile,
-//      verify_warp_row_groups).
+//      accumulation, pv_mma_steps = (keys per split / tile) · verify_warp_mtiles.
 //  (4) the block merges the warps that share a row (key groups, in order) in f32.
 //
 // ---- Why this kernel (bench/NOTES.md, session 9) -----------------------------------------
 // A decode is bound by turning q8_0 / q5_1 bytes into fp16 operands, not by its mma. The
 // verify kernel of decode_mma.cu repeats that work for every 16 query rows, so T = 8 (64 rows)
-// cost 7.5× the decode. Here the block converts each 64-key tile once, into fp16 in shared
-// memory, and every warp reads its operands from there with ldmatrix: conversion is paid once
-// per key for all T·gqa rows, and only ldmatrix, mma and the softmax grow with T.
+// cost 7.5× the decode. Here the block converts each tile once, into fp16 in shared memory,
+// and every warp reads its operands from there with ldmatrix: conversion is paid once per key
+// for all T·gqa rows, and only ldmatrix, mma and the softmax grow with T.
 //  - Keys are the mma's M, query rows its N: S^T[16 keys × 8 rows] = K·q̃^T (A = K quants by
 //    ldmatrix, B = q̃ held in registers for the split), O^T[dims × rows] = V^T·P^T (A = V by
 //    ldmatrix.trans, B = the transpose (movmatrix) of p's C fragment), as decode_mma_direct.cu.
-//  - Warps form a WR × WK grid: WR row groups of 16 rows (two n-tiles), WK = 4 / WR key groups,
-//    warp (r, k) taking m-tiles k, k + WK, … of every tile, two at a time where it has two or
-//    more (independent chains). select_split_kernel picks WR from T·gqa (16 → 1, 32 → 2, more
-//    → 4; blockIdx.z takes rows beyond 64).
-//  - The conversion: thread c takes key c % 64 and blocks c / 64, c / 64 + 2, so that a warp's
-//    K blocks share one alignment, every shift is a compile-time constant and the two V
-//    blocks' pairs of quants share one byte permute.
+//  - Tiles (verify_tile_keys) of 64 keys at head dim 128, 32 at 256, so that the fp16 stage is
+//    the same 34 KB and two blocks fit a multiprocessor.
+//  - Warps form a WR × WK grid: WR row groups of verify_group_rows (16 at head dim 128, 8 at
+//    256: the accumulators of 128 dims × 16 rows or 256 × 8 fill the registers), WK = 4 / WR
+//    key groups, warp (r, k) taking m-tiles k, k + WK, … of every tile, two at a time where it
+//    has two or more (independent chains). select_split_kernel picks WR from T·gqa
+//    (verify_row_groups); blockIdx.z takes the rows beyond 4 row groups.
+//  - The conversion: thread c takes key c % tile and blocks c / tile, c / tile + kBStep, so
+//    that a warp's K blocks share one alignment, every shift is a compile-time constant and
+//    the two V halves of a block share one byte permute.
 //  - Per tile: cp.async copies of the raw rows (two stages: tile i + 1 lands while i is
 //    converted and computed), a block-wide conversion into one fp16 stage (K quants, K block
 //    scales d, V values), then the mma phase. Two barriers per tile; the second is a
 //    __syncthreads_or that also tells every warp whether the tile holds a wide or bad V block.
-//  - fp16 rows are 272 bytes (256 + 16): the 8 row addresses of an ldmatrix hit all 32 banks.
+//  - fp16 rows are 2·D + 16 bytes: the 8 row addresses of an ldmatrix hit all 32 banks.
 //  - The softmax skips the masks for m-tiles whose keys every real row of the warp attends.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -54,60 +56,66 @@
 namespace kvlayer::cuda::detail::decode_impl {
 namespace {
 
-constexpr int kD = 128;
-constexpr int kBlocks = kD / 32;
-constexpr int kKBytes = k_head_bytes(kD);  ///< raw K span of one head in a row (136)
-constexpr int kVBytes = v_head_bytes(kD);  ///< raw V span of one head in a row (96)
 constexpr int kWarps = kDecodeMmaWarps;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTile = kDecodeMmaTileKeys;  ///< keys per block tile (the partition granule)
-constexpr int kMTiles = kTile / 16;        ///< 16-key m-tiles per tile
-constexpr int kNTiles = 2;                 ///< 8-row n-tiles per warp
-constexpr int kDimTiles = kD / 16;         ///< 16-dim m-tiles of PV
-constexpr int kF16Stride = 2 * kD + 16;    ///< fp16 row (bytes): 4·odd words
-static_assert(kThreads == kDecodeThreads && kTile == 64 && kVerifyWarpRows == 8 * kNTiles);
-static_assert((kF16Stride / 4) % 8 == 4 && kF16Stride % 16 == 0);
-
-// Shared memory (bytes): raw stages [2] (K rows, then V rows), then one fp16 stage: K quants,
-// V values, K scales (4 fp16 per key). The final merge reuses the fp16 stage.
-constexpr int kRawK = kTile * kKBytes;
-/// Raw V row stride in a stage (bytes): 7·16, so that the 8-byte header loads of 8 keys in a
-/// row hit 8 bank pairs (96 would put keys 4 apart on the same banks).
-constexpr int kVStride = 112;
-constexpr int kRawStage = kRawK + kTile * kVStride;
-constexpr int kOStride = kD + 4;  ///< merge staging row (floats)
-constexpr int kMergeFloats = kWarps * 16 * (kOStride + 3);
-static_assert(kRawStage % 16 == 0);
+static_assert(kThreads == kDecodeThreads);
 
 /// Raw stages: tile i + 1 is copied while tile i is converted and computed (a third stage
 /// measured no faster, bench/NOTES.md).
 constexpr int kVerifyStages = 2;
 
-/// Offsets of the fp16 stage behind kStages raw stages.
-template <int kStages>
-struct VerifySmem {
-  static constexpr int kKf = kStages * kRawStage;
+/// Compile-time layout of one head dim. Shared memory (bytes): raw stages [kVerifyStages] (K
+/// rows, then V rows), then one fp16 stage: K quants, V values, K scales (an fp16 per block and
+/// key). The final merge reuses all of it.
+template <int D>
+struct VerifyShape {
+  static_assert(D == 128 || D == 256, "decode_mma_verify.cu serves head dims 128 and 256");
+  static constexpr int kBlocks = D / 32;
+  static constexpr int kKBytes = k_head_bytes(D);    ///< raw K span of a head in a row
+  static constexpr int kVBytes = v_head_bytes(D);    ///< raw V span of a head in a row
+  static constexpr int kTile = verify_tile_keys(D);  ///< keys per block tile
+  static constexpr int kMTiles = kTile / 16;         ///< 16-key m-tiles per tile
+  static constexpr int kGroupRows = verify_group_rows(D);
+  static constexpr int kNTiles = kGroupRows / 8;  ///< 8-row n-tiles per warp
+  static constexpr int kDimTiles = D / 16;        ///< 16-dim m-tiles of PV, k-steps of QK
+  static constexpr int kF16Stride = 2 * D + 16;   ///< fp16 row (bytes): 4·odd words
+  /// Raw V row stride (bytes): a multiple of 16 whose word count is 4·odd, so that the 8-byte
+  /// header loads of 8 consecutive keys hit 8 bank pairs (96 B would put keys 4 apart on the
+  /// same banks).
+  static constexpr int kVStride = D == 128 ? 112 : 208;
+  static constexpr int kRawK = kTile * kKBytes;
+  static constexpr int kRawStage = kRawK + kTile * kVStride;
+  static constexpr int kKf = kVerifyStages * kRawStage;
   static constexpr int kVf = kKf + kTile * kF16Stride;
   static constexpr int kKd = kVf + kTile * kF16Stride;
   static constexpr int kBytes = kKd + kTile * kBlocks * 2;
-  static_assert(kMergeFloats * 4 <= kKd - kKf, "the merge staging fits the fp16 stage");
+  static constexpr int kOStride = D + 4;  ///< merge staging row (floats)
+  static constexpr int kMergeBytes = 4 * (3 * kWarps * 16 + kWarps * kGroupRows * kOStride);
+  /// Conversion: thread c takes key c % kTile and blocks c / kTile, c / kTile + kBStep.
+  static constexpr int kBStep = kThreads / kTile;
+  static_assert(kBlocks == 2 * kBStep && kBStep % 2 == 0);
+  static_assert((kF16Stride / 4) % 8 == 4 && kF16Stride % 16 == 0);
+  static_assert(kVStride % 16 == 0 && kVStride >= kVBytes && (kVStride / 4) % 8 == 4);
+  static_assert(kRawStage % 16 == 0 && kMergeBytes <= kBytes);
 };
 
 /// Copies the raw K and V rows of `valid` keys from row0 (physical) into a raw stage: K in
 /// 8-byte pieces (a head's span is 8-byte aligned), V in 16-byte pieces.
+template <int D>
 __device__ __forceinline__ void copy_raw_tile(std::uint8_t* stage, const std::uint8_t* k_head,
                                               const std::uint8_t* v_head, long long row0,
                                               long long k_tok, long long v_tok, int valid) {
   const std::uint8_t* ks = k_head + row0 * k_tok;
   const std::uint8_t* vs = v_head + row0 * v_tok;
-  constexpr int kKPieces = kKBytes / 8, kVPieces = kVBytes / 16;
+  using S = VerifyShape<D>;
+  constexpr int kKPieces = S::kKBytes / 8, kVPieces = S::kVBytes / 16;
   for (int c = threadIdx.x; c < valid * kKPieces; c += kThreads) {
     const int key = c / kKPieces, piece = c % kKPieces;
-    cp_async<8>(stage + key * kKBytes + 8 * piece, ks + key * k_tok + 8 * piece);
+    cp_async<8>(stage + key * S::kKBytes + 8 * piece, ks + key * k_tok + 8 * piece);
   }
   for (int c = threadIdx.x; c < valid * kVPieces; c += kThreads) {
     const int key = c / kVPieces, piece = c % kVPieces;
-    cp_async<16>(stage + kRawK + key * kVStride + 16 * piece, vs + key * v_tok + 16 * piece);
+    cp_async<16>(stage + S::kRawK + key * S::kVStride + 16 * piece, vs + key * v_tok + 16 * piece);
   }
 }
 
@@ -120,23 +128,23 @@ __device__ __forceinline__ unsigned shift_by(unsigned x) {
     return x >> -kS;
 }
 
-/// The block-wide conversion of a raw stage into the fp16 stage. Thread c converts key c % 64,
-/// 32-value blocks c / 64 and c / 64 + 2, of K and of V (so a warp's blocks share their parity,
-/// and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is 0, and
-/// 0 · 0 keeps every row finite). Returns whether one of this thread's V blocks may leave
+/// The block-wide conversion of a raw stage into the fp16 stage. Thread c converts key c % kTile,
+/// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
+/// their parity, and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is
+/// 0, and 0 · 0 keeps every row finite). Returns whether one of this thread's V blocks may leave
 /// fp16's range or is not finite (v_header_maybe_wide).
-template <int kStages>
+template <int D>
 __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint8_t* raw,
                                              int valid) {
-  using L = VerifySmem<kStages>;
-  const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
-  std::uint8_t* kf = smem + L::kKf + key * kF16Stride;
-  std::uint8_t* vf = smem + L::kVf + key * kF16Stride;
-  auto* kd = reinterpret_cast<unsigned short*>(smem + L::kKd) + key * kBlocks;
+  using S = VerifyShape<D>;
+  const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
+  std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
+  std::uint8_t* vf = smem + S::kVf + key * S::kF16Stride;
+  auto* kd = reinterpret_cast<unsigned short*>(smem + S::kKd) + key * S::kBlocks;
   if (key >= valid) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int b = b0 + 2 * j;
+      const int b = b0 + S::kBStep * j;
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
@@ -149,12 +157,12 @@ __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint
   bool wide = false;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int b = b0 + 2 * j;
+    const int b = b0 + S::kBStep * j;
     // ---- K block b: d at byte 34b of the key's span, its 32 quants after it. Even b: the block
     // is 4-byte aligned (quants at 2 mod 4, funnelled from 9 words); odd b: its quants are.
-    const std::uint8_t* kb = raw + key * kKBytes + kQ8_0BlockBytes * b;
+    const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * b;
     unsigned qw[8];
-    if (b0 == 0) {
+    if ((b0 & 1) == 0) {
       const unsigned* w = reinterpret_cast<const unsigned*>(kb);
       unsigned x[9];
 #pragma unroll
@@ -180,7 +188,7 @@ __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint
     // j ≥ 16 the high nibble of qs[j − 16], bit j of qh its fifth bit. The pair (j, j + 1) as
     // fp16x2: 1024 + q (nibble in bits 0..3, fifth bit in bit 4) or 64 + q (nibble in bits
     // 4..7, fifth bit in bit 8), minus the bias exactly, then d·q + m rounded once (HFMA2).
-    const std::uint8_t* vb = raw + kRawK + key * kVStride + kQ5_1BlockBytes * b;
+    const std::uint8_t* vb = raw + S::kRawK + key * S::kVStride + kQ5_1BlockBytes * b;
     const uint2 hdr = *reinterpret_cast<const uint2*>(vb);
     const uint2 qa = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles);
     const uint2 qb2 = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles + 8);
@@ -219,8 +227,10 @@ __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint
 }
 
 /// The exact f32 value of V (key, dim) from a raw stage (SPEC §4: d·q + m in f32).
+template <int D>
 __device__ __forceinline__ float v_exact(const std::uint8_t* raw, int key, int dim) {
-  const std::uint8_t* blk = raw + kRawK + key * kVStride + kQ5_1BlockBytes * (dim / 32);
+  using S = VerifyShape<D>;
+  const std::uint8_t* blk = raw + S::kRawK + key * S::kVStride + kQ5_1BlockBytes * (dim / 32);
   const int j = dim % 32;
   const unsigned dm = *reinterpret_cast<const unsigned*>(blk);
   const unsigned qh = *reinterpret_cast<const unsigned*>(blk + 4);
@@ -229,22 +239,26 @@ __device__ __forceinline__ float v_exact(const std::uint8_t* raw, int key, int d
   return __fadd_rn(__fmul_rn(f16_bits(dm & 0xffffu), float(q)), f16_bits(dm >> 16));
 }
 
-/// One block per (split, KV head, rows chunk of 16·WR). Warp (wr, wk) = (warp / WK, warp % WK).
-template <int WR, int kStages = kVerifyStages, int kPairs = kVerifyPairs>
+/// One block per (split, KV head, rows chunk of kGroupRows·WR). Warp (wr, wk) = (warp / WK,
+/// warp % WK).
+template <int D, int WR>
 __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
     decode_split_mma_verify_kernel(const SplitParams p) {
-  using L = VerifySmem<kStages>;
-  constexpr int kKf = L::kKf, kVf = L::kVf, kKd = L::kKd;
+  using S = VerifyShape<D>;
+  constexpr int kKf = S::kKf, kVf = S::kVf, kKd = S::kKd, kF16Stride = S::kF16Stride;
+  constexpr int kTile = S::kTile, kBlocks = S::kBlocks, kNTiles = S::kNTiles;
+  constexpr int kDimTiles = S::kDimTiles, kGR = S::kGroupRows, kOStride = S::kOStride;
   constexpr int WK = kWarps / WR;
-  constexpr int kMy = kMTiles / WK;                              // m-tiles per warp and tile
-  constexpr int kNJ = kPairs > 1 && kMy >= kPairs ? kPairs : 1;  // m-tiles per softmax step
+  static_assert(S::kMTiles % WK == 0);
+  constexpr int kMy = S::kMTiles / WK;                         // m-tiles per warp and tile
+  constexpr int kNJ = kMy >= kVerifyPairs ? kVerifyPairs : 1;  // m-tiles per softmax step
   // The plan's accumulation shape (verify_accumulation_shape) counts these.
-  static_assert(kMy == verify_warp_row_groups(kVerifyWarpRows * WR) &&
-                kMy / kNJ == verify_softmax_steps(kVerifyWarpRows * WR));
+  static_assert(WR == verify_row_groups(D, kGR * WR) && kMy == verify_warp_mtiles(D, kGR * WR) &&
+                kMy / kNJ == verify_softmax_steps(D, kGR * WR));
   constexpr MutantSite kSite = MutantSite::decode_mma_verify;
   extern __shared__ __align__(16) std::uint8_t smem[];
 
-  const SplitRange range = begin_split(p, kD, kTile, kSite);
+  const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, kSite);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
   const int kv = blockIdx.y;
@@ -256,14 +270,14 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   const int n_kv = int(gridDim.y);
   const long long lo = range.lo, hi = range.hi;
 
-  // ---- q̃ as the QK B fragments for the split: qb[nt][ks][j], row 16wr + 8nt + g of the block,
+  // ---- q̃ as the QK B fragments for the split: qb[nt][ks][j], row kGR·wr + 8nt + g of the block,
   // dims 16ks + 2t + 8j + {0, 1} (zero for padding rows). ----
   unsigned qb[kNTiles][kDimTiles][2];
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
-    const int row = 16 * wr + 8 * nt + g;
+    const int row = kGR * wr + 8 * nt + g;
     const bool real = row < range.nrows;
-    const float* q_row = p.q + query_row_index(range.row0 + (real ? row : 0), kv, G, n_kv) * kD;
+    const float* q_row = p.q + query_row_index(range.row0 + (real ? row : 0), kv, G, n_kv) * D;
 #pragma unroll
     for (int ks = 0; ks < kDimTiles; ++ks)
 #pragma unroll
@@ -275,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
       }
   }
 
-  // The keys each of this lane's softmax rows (16wr + 8nt + 2t + h) attends, as offsets from lo
+  // The keys each of this lane's softmax rows (kGR·wr + 8nt + 2t + h) attends, as offsets from lo
   // clipped to [0, hi − lo] (SPEC §11: query i at p_i = len − T + i sees [max(0, p_i + 1 −
   // window), p_i + 1)); padding rows none.
   const int n_keys = static_cast<int>(hi - lo);
@@ -284,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int row = 16 * wr + 8 * nt + 2 * t + h;
+      const int row = kGR * wr + 8 * nt + 2 * t + h;
       row_lo[nt][h] = 0;
       row_hi[nt][h] = 0;
       if (row < range.nrows) {
@@ -303,7 +317,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
-      if (16 * wr + 8 * nt + 2 * t + h < range.nrows) {
+      if (kGR * wr + 8 * nt + 2 * t + h < range.nrows) {
         warp_lo = max(warp_lo, row_lo[nt][h]);
         warp_hi = min(warp_hi, row_hi[nt][h]);
       }
@@ -327,8 +341,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
       for (int e = 0; e < 4; ++e) o[nt][dm][e] = 0.0f;
   }
 
-  const std::uint8_t* k_head = p.k_plane + (long long)kv * kKBytes;
-  const std::uint8_t* v_head = p.v_plane + (long long)kv * kVBytes;
+  const std::uint8_t* k_head = p.k_plane + (long long)kv * S::kKBytes;
+  const std::uint8_t* v_head = p.v_plane + (long long)kv * S::kVBytes;
   const int n_tiles = (n_keys + kTile - 1) / kTile;
   auto valid_of = [&](int i) { return min(kTile, n_keys - kTile * i); };
   // ldmatrix row addresses of this lane within an m-tile: K (keys l % 8 + 8·(l / 8 % 2), dims
@@ -336,23 +350,23 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   const int k_lrow = (lane & 7) + 8 * ((lane >> 3) & 1), k_lcol = 8 * (lane >> 4);
   const int v_lrow = (lane & 7) + 8 * (lane >> 4), v_lcol = 8 * ((lane >> 3) & 1);
 
-  // Copies of tile i go to raw stage i % kStages, kStages − 1 tiles ahead; one commit group per
-  // tile (empty past the last), so that a fixed wait count finds tile i landed.
+  // Copies of tile i go to raw stage i % kVerifyStages, kVerifyStages − 1 tiles ahead; one commit
+  // group per tile (empty past the last), so that a fixed wait count finds tile i landed.
   const auto copy = [&](int i) {
     if (i < n_tiles)
-      copy_raw_tile(smem + (i % kStages) * kRawStage, k_head, v_head, lo + kTile * i - range.base,
-                    p.k_tok_bytes, p.v_tok_bytes, valid_of(i));
+      copy_raw_tile<D>(smem + (i % kVerifyStages) * S::kRawStage, k_head, v_head,
+                       lo + kTile * i - range.base, p.k_tok_bytes, p.v_tok_bytes, valid_of(i));
     cp_async_commit();
   };
 #pragma unroll
-  for (int i = 0; i < kStages - 1; ++i) copy(i);
+  for (int i = 0; i < kVerifyStages - 1; ++i) copy(i);
   for (int i = 0; i < n_tiles; ++i) {
-    const std::uint8_t* raw = smem + (i % kStages) * kRawStage;
+    const std::uint8_t* raw = smem + (i % kVerifyStages) * S::kRawStage;
     const int valid = valid_of(i);
-    cp_async_wait<kStages - 2>();  // this thread's copies of tile i have landed
+    cp_async_wait<kVerifyStages - 2>();  // this thread's copies of tile i have landed
     __syncthreads();  // every thread's have; every warp is done with tile i − 1 (and its stage)
-    copy(i + kStages - 1);
-    const bool special = __syncthreads_or(convert_tile<kStages>(smem, raw, valid));
+    copy(i + kVerifyStages - 1);
+    const bool special = __syncthreads_or(convert_tile<D>(smem, raw, valid));
     const int key_off = kTile * i;  // the tile's first key, as an offset from lo
     const bool f32_pv = wide_tile_on_cuda_cores(special, kSite);
 
@@ -366,9 +380,21 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
 #pragma unroll
       for (int jj = 0; jj < kNJ; ++jj) {
         const int mt = wk + WK * (j0 + jj);
-        const uint2 dk0 = *reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g) * kBlocks * 2);
-        const uint2 dk1 =
-            *reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g + 8) * kBlocks * 2);
+        // d of blocks (2i, 2i + 1) of keys g, g + 8 of the m-tile.
+        unsigned dk0[kBlocks / 2], dk1[kBlocks / 2];
+        {
+          const auto* w0 = reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g) * kBlocks * 2);
+          const auto* w1 =
+              reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g + 8) * kBlocks * 2);
+#pragma unroll
+          for (int i = 0; i < kBlocks / 4; ++i) {
+            const uint2 x0 = w0[i], x1 = w1[i];
+            dk0[2 * i] = x0.x;
+            dk0[2 * i + 1] = x0.y;
+            dk1[2 * i] = x1.x;
+            dk1[2 * i + 1] = x1.y;
+          }
+        }
         const std::uint8_t* krow = smem + kKf + (16 * mt + k_lrow) * kF16Stride + 2 * k_lcol;
 #pragma unroll
         for (int b = 0; b < kBlocks; ++b) {
@@ -381,7 +407,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
             for (int nt = 0; nt < kNTiles; ++nt)
               mma_16816(c[nt], a[0], a[1], a[2], a[3], qb[nt][ks][0], qb[nt][ks][1]);
           }
-          const unsigned w0 = (b < 2) ? dk0.x : dk0.y, w1 = (b < 2) ? dk1.x : dk1.y;
+          const unsigned w0 = dk0[b / 2], w1 = dk1[b / 2];
           const float d0 = f16_bits((b & 1) ? w0 >> 16 : w0 & 0xffffu);
           const float d1 = f16_bits((b & 1) ? w1 >> 16 : w1 & 0xffffu);
 #pragma unroll
@@ -477,7 +503,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
             for (int dm = 0; dm < kDimTiles; ++dm)
 #pragma unroll
               for (int r = 0; r < 2; ++r) {
-                const float v = v_exact(raw, key, 16 * dm + g + 8 * r);
+                const float v = v_exact<D>(raw, key, 16 * dm + g + 8 * r);
 #pragma unroll
                 for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
@@ -522,11 +548,11 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
       l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 8);
       l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 16);
     }
-  __syncthreads();                                    // every warp is done with the fp16 stage
-  float* m_s = reinterpret_cast<float*>(smem + kKf);  // [warp][16]
+  __syncthreads();  // every warp is done with the stages (no copy is in flight)
+  float* m_s = reinterpret_cast<float*>(smem);  // [warp][16]
   float* l_s = m_s + kWarps * 16;
   float* w_s = l_s + kWarps * 16;
-  float* o_s = w_s + kWarps * 16;  // [warp][16][kOStride]
+  float* o_s = w_s + kWarps * 16;  // [warp][kGR][kOStride]
   if (g == 0) {
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
@@ -542,12 +568,12 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
     for (int dm = 0; dm < kDimTiles; ++dm)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        o_s[(warp * 16 + 8 * nt + 2 * t + (e & 1)) * kOStride + 16 * dm + g + 8 * (e >> 1)] =
+        o_s[(warp * kGR + 8 * nt + 2 * t + (e & 1)) * kOStride + 16 * dm + g + 8 * (e >> 1)] =
             o[nt][dm][e];
   __syncthreads();
   const int rows = range.nrows;
   if (tid < rows) {
-    const int w0 = (tid / 16) * WK, lr = tid % 16;
+    const int w0 = (tid / kGR) * WK, lr = tid % kGR;
     float top = kNegSentinel;
 #pragma unroll
     for (int k = 0; k < WK; ++k) top = fmaxf(top, m_s[(w0 + k) * 16 + lr]);
@@ -562,61 +588,60 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
     range.l[tid] = den;
   }
   __syncthreads();
-  for (int i = tid; i < rows * kD; i += kThreads) {
-    const int r = i / kD, col = i % kD;
-    const int w0 = (r / 16) * WK, lr = r % 16;
+  for (int i = tid; i < rows * D; i += kThreads) {
+    const int r = i / D, col = i % D;
+    const int w0 = (r / kGR) * WK, lr = r % kGR;
     float num = 0.0f;
 #pragma unroll
     for (int k = 0; k < WK; ++k)
-      num = fmaf(o_s[((w0 + k) * 16 + lr) * kOStride + col], w_s[(w0 + k) * 16 + lr], num);
+      num = fmaf(o_s[((w0 + k) * kGR + lr) * kOStride + col], w_s[(w0 + k) * 16 + lr], num);
     range.o[i] = num;
   }
 }
 
-template <int WR>
+template <int D, int WR>
 cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
   // Not a stream operation (legal while capturing); set per launch so every device the process
   // uses gets it.
-  constexpr int kBytes = VerifySmem<kVerifyStages>::kBytes;
-  if (const cudaError_t err = cudaFuncSetAttribute(
-          decode_split_mma_verify_kernel<WR>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+  constexpr int kBytes = VerifyShape<D>::kBytes;
+  if (const cudaError_t err =
+          cudaFuncSetAttribute(decode_split_mma_verify_kernel<D, WR>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
       err != cudaSuccess)
     return err;
-  decode_split_mma_verify_kernel<WR><<<grid, kThreads, kBytes, stream>>>(sp);
+  decode_split_mma_verify_kernel<D, WR><<<grid, kThreads, kBytes, stream>>>(sp);
   return cudaGetLastError();
+}
+
+template <int D, int WR>
+cudaError_t resident_blocks(int* blocks) {
+  constexpr int kBytes = VerifyShape<D>::kBytes;
+  const auto kernel = decode_split_mma_verify_kernel<D, WR>;
+  if (const cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
+      err != cudaSuccess)
+    return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, kBytes);
 }
 
 }  // namespace
 
-cudaError_t launch_split_mma_verify(const SplitParams& sp, int rows, dim3 grid,
+// The instances select_split_kernel names: rows = verify_group_rows(D) · verify_row_groups.
+cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
-  switch (rows) {
-    case 16:
-      return launch<1>(sp, grid, stream);
-    case 32:
-      return launch<2>(sp, grid, stream);
-    default:
-      return launch<4>(sp, grid, stream);
-  }
+  if (head_dim == 128)
+    return rows <= 16   ? launch<128, 1>(sp, grid, stream)
+           : rows <= 32 ? launch<128, 2>(sp, grid, stream)
+                        : launch<128, 4>(sp, grid, stream);
+  return rows <= 16 ? launch<256, 2>(sp, grid, stream) : launch<256, 4>(sp, grid, stream);
 }
 
-cudaError_t split_mma_verify_resident_blocks(int rows, int* blocks) {
-  constexpr int kBytes = VerifySmem<kVerifyStages>::kBytes;
-  const auto query = [&](auto kernel) -> cudaError_t {
-    if (const cudaError_t err =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
-        err != cudaSuccess)
-      return err;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, kBytes);
-  };
-  switch (rows) {
-    case 16:
-      return query(decode_split_mma_verify_kernel<1>);
-    case 32:
-      return query(decode_split_mma_verify_kernel<2>);
-    default:
-      return query(decode_split_mma_verify_kernel<4>);
-  }
+cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks) {
+  if (head_dim == 128)
+    return rows <= 16   ? resident_blocks<128, 1>(blocks)
+           : rows <= 32 ? resident_blocks<128, 2>(blocks)
+                        : resident_blocks<128, 4>(blocks);
+  return rows <= 16 ? resident_blocks<256, 2>(blocks) : resident_blocks<256, 4>(blocks);
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl

@@ -74,7 +74,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
       err = launch_split_mma_staged(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_verify:
-      err = launch_split_mma_verify(sp, choice.rows, grid, stream);
+      err = launch_split_mma_verify(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_verify_staged:
       err = launch_split_mma_verify_staged(sp, plan.head_dim, grid, stream);
@@ -100,8 +100,8 @@ cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
   return split_mma_staged_resident_blocks(head_dim, choice.rows, blocks);
 }
 
-cudaError_t mma_verify_resident_blocks(int rows, int* blocks) {
-  return split_mma_verify_resident_blocks(rows, blocks);
+cudaError_t mma_verify_resident_blocks(int head_dim, int rows, int* blocks) {
+  return split_mma_verify_resident_blocks(head_dim, rows, blocks);
 }
 
 }  // namespace kvlayer::cuda::detail

@@ -33,27 +33,40 @@ __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa
 /// Query rows of a verify decode (SPEC §11) one staged verify block holds (decode_mma.cu).
 inline constexpr int kVerifyRowsPerBlock = 16;
 
-/// Query rows of one warp row group of decode_mma_verify.cu (two 8-row n-tiles).
-inline constexpr int kVerifyWarpRows = 16;
-
 /// Resident decode_mma_verify.cu blocks per multiprocessor: its register cap (255 at 2; at 3
 /// the 170-register cap spills) and its 64 KB of shared memory allow 2.
 inline constexpr int kVerifyBlocksPerSm = 2;
 
-/// Row groups (of kVerifyWarpRows) per decode_mma_verify.cu block for T·gqa = rows: 1, 2 or 4,
-/// the rest of its kDecodeMmaWarps warps splitting each tile's keys. A warp then takes as many
-/// of a 64-key tile's 16-key m-tiles as there are row groups: one PV mma step each.
-__host__ __device__ constexpr int verify_warp_row_groups(int rows) {
-  return rows <= kVerifyWarpRows ? 1 : rows <= 2 * kVerifyWarpRows ? 2 : 4;
+/// decode_mma_verify.cu (head dims 128 and 256): keys per block tile (its fp16 stage), query
+/// rows per warp row group (its accumulators: 16 at head dim 128, 8 at 256).
+__host__ __device__ constexpr int verify_tile_keys(int head_dim) {
+  return head_dim == 128 ? 64 : 32;
+}
+__host__ __device__ constexpr int verify_group_rows(int head_dim) {
+  return head_dim == 128 ? 16 : 8;
+}
+
+/// Warp row groups per decode_mma_verify.cu block for T·gqa = rows: 1, 2 or 4 (at least 2 at
+/// head dim 256, whose 32-key tile has two m-tiles for at most two key groups), the other
+/// factor of its kDecodeMmaWarps warps splitting each tile's keys.
+__host__ __device__ constexpr int verify_row_groups(int head_dim, int rows) {
+  const int per_group = verify_group_rows(head_dim);
+  const int groups = rows <= per_group ? 1 : rows <= 2 * per_group ? 2 : 4;
+  return head_dim == 256 && groups < 2 ? 2 : groups;
+}
+
+/// 16-key m-tiles a decode_mma_verify.cu warp takes per block tile (one PV mma step each).
+__host__ __device__ constexpr int verify_warp_mtiles(int head_dim, int rows) {
+  return verify_tile_keys(head_dim) / 16 / (kDecodeMmaWarps / verify_row_groups(head_dim, rows));
 }
 
 /// m-tiles per online-softmax step (one max update) of decode_mma_verify.cu: 2 (two independent
 /// chains per warp, 4–5% faster than 1, bench/NOTES.md) where a warp has two or more per tile.
 inline constexpr int kVerifyPairs = 2;
 
-/// Max updates per 64-key tile of one decode_mma_verify.cu accumulator for T·gqa = rows.
-__host__ __device__ constexpr int verify_softmax_steps(int rows) {
-  const int mtiles = verify_warp_row_groups(rows);
+/// Max updates per block tile of one decode_mma_verify.cu accumulator.
+__host__ __device__ constexpr int verify_softmax_steps(int head_dim, int rows) {
+  const int mtiles = verify_warp_mtiles(head_dim, rows);
   return mtiles >= kVerifyPairs ? mtiles / kVerifyPairs : mtiles;
 }
 

@@ -91,7 +91,7 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
   // T = 1 the decode's.
   const std::int64_t sms = std::max(multiprocessor_count, 1);
   const int per_sm =
-      plan.head_dim == 128 ? kVerifyBlocksPerSm : decode_mma_blocks_per_sm(plan.head_dim, 16);
+      plan.head_dim == 64 ? decode_mma_blocks_per_sm(plan.head_dim, 16) : kVerifyBlocksPerSm;
   plan.verify_blocks = std::int64_t(per_sm) * sms;
   plan.verify_decode_blocks = std::int64_t(decode_mma_blocks_per_sm(plan.head_dim, plan.gqa)) * sms;
   for (int t = 1; t <= max_verify; ++t) {
@@ -121,9 +121,9 @@ int verify_splits(const DecodePlan& plan, int T) {
 
 SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
   if (queries >= 2) {
-    if (plan.head_dim == 128)
-      return {SplitKernel::mma_verify,
-              kVerifyWarpRows * verify_warp_row_groups(queries * plan.gqa)};
+    if (plan.head_dim == 128 || plan.head_dim == 256)
+      return {SplitKernel::mma_verify, verify_group_rows(plan.head_dim) *
+                                           verify_row_groups(plan.head_dim, queries * plan.gqa)};
     return {SplitKernel::mma_verify_staged, kVerifyRowsPerBlock};
   }
   if (plan.kernel == DecodeKernel::cuda_core && queries == 0) {
@@ -156,15 +156,17 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
   const std::int64_t kps =
       decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys);
   // T = 1 and the staged verify (as plan_decode's mma kernels): a warp sees every 4th 16-key
-  // tile, one mma step and one max update each. decode_mma_verify.cu: per 64-key tile a warp
-  // takes verify_warp_row_groups m-tiles (one mma step each) in verify_softmax_steps max updates.
+  // tile of 64 keys, one mma step and one max update each. decode_mma_verify.cu: per tile of
+  // verify_tile_keys a warp takes verify_warp_mtiles m-tiles (one mma step each) in
+  // verify_softmax_steps max updates.
   const SplitChoice choice = select_split_kernel(plan, T);
-  std::int64_t steps_per_tile = 1, updates_per_tile = 1;
+  std::int64_t tile = kDecodeMmaTileKeys, steps_per_tile = 1, updates_per_tile = 1;
   if (choice.kernel == SplitKernel::mma_verify) {
-    steps_per_tile = verify_warp_row_groups(T * plan.gqa);
-    updates_per_tile = verify_softmax_steps(T * plan.gqa);
+    tile = verify_tile_keys(plan.head_dim);
+    steps_per_tile = verify_warp_mtiles(plan.head_dim, T * plan.gqa);
+    updates_per_tile = verify_softmax_steps(plan.head_dim, T * plan.gqa);
   }
-  const std::int64_t tiles = kps / kDecodeMmaTileKeys;
+  const std::int64_t tiles = kps / tile;
   kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = kps;
   shape.n_splits = splits;
