@@ -325,6 +325,12 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"bench", "--shape", "1x128x16"},
                      2,
                      "kvlayer bench: --shape applies to --decode-only only\n"});
+    cases.push_back({{"bench", "--queries", "4"},
+                     2,
+                     "kvlayer bench: --queries applies to --decode-only only\n"});
+    cases.push_back({{"bench", "--decode-only", "4096", "--queries", "17"},
+                     2,
+                     "kvlayer bench: --queries '17' must be an integer in [1, 16]\n"});
     cases.push_back({{"soak", "--cycles", "-1"},
                      2,
                      "kvlayer soak: --cycles '-1' must be an integer in [0, 100000000]\n"});
