@@ -93,7 +93,7 @@ TEST(DecodePlan, MmaPlanFillsTheGpu) {
       }
   EXPECT_EQ(plan_decode(8, 64, 8, 131072, 132, DecodeKernel::mma).n_splits, 66);    // 4 per SM
   EXPECT_EQ(plan_decode(8, 256, 8, 131072, 132, DecodeKernel::mma).n_splits, 33);   // 2 per SM
-  EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 49);  // 3 per SM
+  EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 33);  // 2 per SM
 }
 
 // The one chooser: every shape gets exactly the kernel and compile-time shape the launchers hold.
@@ -109,7 +109,8 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
   const Case cases[] = {
       {128, 8, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
       {128, 4, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
-      {128, 16, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16},
+      {128, 16, 0, DecodeKernel::mma, SplitKernel::mma_direct, 16},
+      {128, 9, 0, DecodeKernel::mma, SplitKernel::mma_direct, 16},
       {64, 8, 0, DecodeKernel::mma, SplitKernel::mma_staged, 8},
       {256, 12, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16},
       {256, 3, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 4},
@@ -212,7 +213,8 @@ TEST(DecodePlan, PartitionCoversEveryViewExactly) {
     for (const int sms : {1, 3, 132}) {
       const auto p = plan_decode(3, head_dim, 2, 5000, sms);
       for (std::int64_t n = 1; n <= p.max_view_keys; ++n) {
-        const std::int64_t kps = cuda::detail::decode_keys_per_split(n, p.n_splits, p.tile_keys);
+        const std::int64_t kps =
+            cuda::detail::decode_keys_per_split(n, p.n_splits, p.tile_keys, p.min_split_keys);
         const std::int64_t active = (n + kps - 1) / kps;
         ASSERT_EQ(kps % p.tile_keys, 0);
         ASSERT_LE(kps, p.max_keys_per_split) << "n " << n;
@@ -716,8 +718,8 @@ TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
     // active splits for the mma plan (16448, 16384) and for the CUDA-core plan (8224, 8192).
     for (const std::int64_t n : {20000, 16448, 16384, 8224, 8192, 1000}) {
       layer.rewind(n);
-      const std::int64_t kps =
-          cuda::detail::decode_keys_per_split(n, plan.n_splits, plan.tile_keys);
+      const std::int64_t kps = cuda::detail::decode_keys_per_split(n, plan.n_splits, plan.tile_keys,
+                                                                   plan.min_split_keys);
       check_both_modes(bed, layer, q, scale,
                        std::string(kernel == DecodeKernel::mma ? "mma" : "cuda_core") + " len " +
                            std::to_string(n) + " active splits " +

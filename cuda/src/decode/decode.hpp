@@ -27,7 +27,7 @@ enum class DecodeKernel {
 /// Every split kernel of the decode (all write the same partials; one merge, merge.cu).
 enum class SplitKernel {
   cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
-  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, gqa ≤ 8
+  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128
   mma_staged,  ///< decode_mma.cu: cp.async stages per warp; the other head dims and gqa
   mma_verify,  ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dims 128, 256
   mma_verify_staged,  ///< decode_mma.cu: verify decodes of T ≥ 2, head dim 64
@@ -55,11 +55,14 @@ const char* split_kernel_name(SplitKernel kernel);
 /// max_view_keys, so one captured graph stays valid for every token.
 struct DecodePlan {
   int n_kv_heads = 0;
-  int head_dim = 0;                     ///< K and V head dim (equal; 64, 128 or 256)
-  int gqa = 0;                          ///< query heads per KV head (1..16)
-  std::int64_t max_view_keys = 0;       ///< longest view the grid serves (capacity or window)
-  int n_splits = 0;                     ///< thread blocks per KV head along the keys
-  int tile_keys = 0;                    ///< keys per tile of the key loop (4096 / head_dim)
+  int head_dim = 0;                ///< K and V head dim (equal; 64, 128 or 256)
+  int gqa = 0;                     ///< query heads per KV head (1..16)
+  std::int64_t max_view_keys = 0;  ///< longest view the grid serves (capacity or window)
+  int n_splits = 0;                ///< thread blocks per KV head along the keys
+  int tile_keys = 0;               ///< keys per tile of the key loop (4096 / head_dim)
+  /// The shortest split of a decode (whole tiles, decode_min_split_keys): a shorter view takes
+  /// fewer splits, so that the partials' bytes stay small beside the keys' bytes.
+  int min_split_keys = 0;
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
   std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split
   DecodeKernel kernel = DecodeKernel::cuda_core;
@@ -104,6 +107,9 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
 /// Alignment the decode needs of k_plane, v_plane (it issues 4/8/16-byte vector loads).
 /// NOTE: cudaMalloc pointers qualify; a plane must not start at an offset into a buffer.
 inline constexpr std::size_t kDecodePlaneAlignment = 16;
+
+/// The shortest split of a decode plan for (head_dim, gqa) with tiles of tile_keys keys.
+int decode_min_split_keys(int head_dim, int gqa, int tile_keys);
 
 /// Chooses the grid for a geometry on the current device. Pure host arithmetic.
 /// Throws kvlayer::Error (refused) naming the value and the supported set for an unsupported

@@ -153,6 +153,7 @@ struct SplitParams {
   const float* q;
   float scale;
   int gqa, n_splits;
+  int min_split_keys;  ///< decode_keys_per_split's min_keys (the plan's, or a tile for verify)
   void* scratch;
   DeviceStatus* status;
 };
@@ -237,7 +238,7 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   r.o = scratch.o + (part * rows + r.row0) * head_dim;
   r.m = scratch.m + part * rows + r.row0;
   r.l = scratch.l + part * rows + r.row0;
-  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys);
+  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys, p.min_split_keys);
   r.lo = view.begin + split * kps;
   r.hi = split_end(r.lo, kps, view.end, site);
   r.base = view.base;
@@ -369,19 +370,21 @@ cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, 
 /// block (select_split_kernel's).
 cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_mma_direct.cu: the register-direct tensor-core split kernel (head dim 128, gqa ≤ 8).
-cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream);
+/// decode_mma_direct.cu: the register-direct tensor-core split kernel (head dim 128) for `rows`
+/// (8 or 16) query heads.
+cudaError_t launch_split_mma_direct(const SplitParams& sp, int rows, dim3 grid,
+                                    cudaStream_t stream);
 
 /// Resident blocks per multiprocessor (occupancy API, with the launch's attributes applied).
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);
-cudaError_t split_mma_direct_resident_blocks(int* blocks);
+cudaError_t split_mma_direct_resident_blocks(int rows, int* blocks);
 cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
 
 /// What the merge reads and writes (merge.cu).
 struct MergeParams {
   ViewParams view;
   float* out;
-  int gqa, n_splits, tile_keys, n_kv, head_dim;
+  int gqa, n_splits, tile_keys, min_split_keys, n_kv, head_dim;
   void* scratch;
 };
 

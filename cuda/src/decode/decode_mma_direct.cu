@@ -1,7 +1,9 @@
-// Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8), head dim 128 and
-// gqa ≤ 8: the default kernel for that shape. Same contract as decode_mma.cu (grid, partition of
-// the live view in 64-key granules, partial format, device-mode checks, merge kernel) and the
-// same rounding points, point for point (kvlayer/accuracy.hpp (1)–(5)):
+// Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8), head dim 128: the
+// default kernel for that head dim, gqa ≤ 8 on one mma n-tile of 8 query heads, gqa 9..16 on two
+// (kNT = 2: the K and V operands of each mma are shared by both n-tiles). Same contract as
+// decode_mma.cu (grid, partition of the live view in 64-key granules, partial format, device-mode
+// checks, merge kernel) and the same rounding points, point for point (kvlayer/accuracy.hpp
+// (1)–(5)):
 //  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh f32
 //      accumulator, × f32(d), blocks summed in block order: block 0 by __fmul_rn, each later
 //      block by fmaf(c, d, s) (one rounding where decode_mma.cu has two), × scale (__fmul_rn).
@@ -53,7 +55,6 @@ constexpr int kVBytes = v_head_bytes(kD);  ///< V span of one head in a row (8-b
 constexpr int kWarps = kDecodeMmaWarps;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kWK = kDecodeMmaWarpKeys;  ///< keys per warp tile (the mma's M)
-constexpr int kHeads = 8;                ///< mma N: query heads of the KV head (gqa ≤ 8)
 constexpr int kOStride = kD + 4;         ///< merge staging row (floats)
 static_assert(kWK == 16 && kThreads == kDecodeThreads);
 
@@ -154,8 +155,11 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
 }
 
 /// One block per (split, KV head); 4 independent warps, warp w owning warp tiles w, w + 4, ….
-__global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads))
+/// kNT mma n-tiles of 8 query heads each (head 8·n + g of n-tile n).
+template <int kNT>
+__global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT))
     decode_split_mma_direct_kernel(const SplitParams p) {
+  constexpr int kHeads = 8 * kNT;  // query heads of the block (≥ gqa; the rest are zero rows)
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
   __shared__ __align__(16) float o_s[kWarps][kHeads][kOStride];
 
@@ -169,11 +173,13 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
   const int hv = g & 1;                   // the V half this lane group owns
   const int G = p.gqa;
 
-  // ---- q̃ as the QK B fragments for the whole split: qb[b][ks][j] = pair (b, reg ks, h j) of
-  // query head g (zero for heads ≥ gqa). ----
-  unsigned qb[kBlocks][2][2];
-  {
-    const float* q_head = p.q + ((long long)kv * G + g) * kD;
+  // ---- q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b, reg ks, h j) of
+  // query head 8·n + g (zero for heads ≥ gqa). ----
+  unsigned qb[kNT][kBlocks][2][2];
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    const int head = 8 * n + g;
+    const float* q_head = p.q + ((long long)kv * G + head) * kD;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b)
 #pragma unroll
@@ -182,9 +188,9 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
         for (int j = 0; j < 2; ++j) {
           const int quant = k_pair_quant(b, ks, j, t);
           constexpr MutantSite kSite = MutantSite::decode_mma_direct;
-          const float x0 = g < G ? q_operand(q_head[32 * b + quant], p.scale, kSite) : 0.0f;
-          const float x1 = g < G ? q_operand(q_head[32 * b + quant + 1], p.scale, kSite) : 0.0f;
-          qb[b][ks][j] = pack_f16x2(x0, x1);
+          const float x0 = head < G ? q_operand(q_head[32 * b + quant], p.scale, kSite) : 0.0f;
+          const float x1 = head < G ? q_operand(q_head[32 * b + quant + 1], p.scale, kSite) : 0.0f;
+          qb[n][b][ks][j] = pack_f16x2(x0, x1);
         }
   }
   const unsigned sel_a = t == 0 ? 0x5432u : 0x3210u;
@@ -251,14 +257,22 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
     }
   };
 
-  // Per-warp state: heads 2t, 2t + 1 (m identical across the lane groups; l per lane).
-  float m_run[2] = {kNegSentinel, kNegSentinel};
-  float l_run[2] = {0.0f, 0.0f};
-  float o[8][4];  // PV m-tile i: (dim v_dim(i, g, 0), heads 2t, 2t+1), (v_dim(i, g, 1), …)
+  // Per-warp state of n-tile n: heads 8n + 2t, 8n + 2t + 1 (m identical across the lane groups;
+  // l per lane).
+  float m_run[kNT][2], l_run[kNT][2];
+  float o[kNT][8][4];  // PV m-tile i: (dim v_dim(i, g, 0), heads 2t, 2t+1), (v_dim(i, g, 1), …)
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
+  for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o[i][e] = 0.0f;
+    for (int hh = 0; hh < 2; ++hh) {
+      m_run[n][hh] = kNegSentinel;
+      l_run[n][hh] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][i][e] = 0.0f;
+  }
 
   auto compute_tile = [&](const TileRegs& r, int i) {
     const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
@@ -271,7 +285,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
       dpk[j][0] = __shfl_sync(kFullMask, __byte_perm(r.k[j][0], r.k[j][2], 0x7610), lane & ~3);
       dpk[j][1] = __shfl_sync(kFullMask, __byte_perm(r.k[j][5], r.k[j][7], 0x7610), lane & ~3);
     }
-    float s[4];
+    float s[kNT][4];  // n-tile n: key g + 8·(e / 2), head 8n + 2t + e % 2
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
       unsigned u[2][2];  // [key j][reg], sign bits flipped
@@ -281,47 +295,65 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
         u[j][0] ^= 0x80808080u;
         u[j][1] ^= 0x80808080u;
       }
-      float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      unsigned a[2][4];  // the K A fragment of k-step ks, shared by the n-tiles
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks)
-        mma_16816(c, int8_pair_to_f16x2(u[0][ks], 0), int8_pair_to_f16x2(u[1][ks], 0),
-                  int8_pair_to_f16x2(u[0][ks], 1), int8_pair_to_f16x2(u[1][ks], 1), qb[b][ks][0],
-                  qb[b][ks][1]);
+      for (int ks = 0; ks < 2; ++ks) {
+        a[ks][0] = int8_pair_to_f16x2(u[0][ks], 0);
+        a[ks][1] = int8_pair_to_f16x2(u[1][ks], 0);
+        a[ks][2] = int8_pair_to_f16x2(u[0][ks], 1);
+        a[ks][3] = int8_pair_to_f16x2(u[1][ks], 1);
+      }
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const unsigned dw = dpk[e >> 1][b >> 1];
-        const float d = f16_bits((b & 1) ? dw >> 16 : dw & 0xffffu);
-        s[e] = b == 0 ? __fmul_rn(c[e], d) : fmaf(c[e], d, s[e]);
+      for (int n = 0; n < kNT; ++n) {
+        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks)
+          mma_16816(c, a[ks][0], a[ks][1], a[ks][2], a[ks][3], qb[n][b][ks][0], qb[n][b][ks][1]);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const unsigned dw = dpk[e >> 1][b >> 1];
+          const float d = f16_bits((b & 1) ? dw >> 16 : dw & 0xffffu);
+          s[n][e] = b == 0 ? __fmul_rn(c[e], d) : fmaf(c[e], d, s[n][e]);
+        }
       }
     }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) s[e] = score_scaled(s[e], p.scale);
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = score_scaled(s[n][e], p.scale);
 
     // ---- Online softmax per head over the tile's valid keys. ----
     const bool valid0 = g < valid, valid1 = g + 8 < valid;
-    float pr[4];
-    float alpha[2];
+    float pr[kNT][4];
+    float alpha[kNT][2];
+    bool rescale = false;
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float top = kNegSentinel;
-      if (valid0) top = fmaxf(top, s[hh]);
-      if (valid1) top = fmaxf(top, s[2 + hh]);
-      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 4));
-      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 8));
-      top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 16));
-      const float m_new = fmaxf(m_run[hh], top);
-      alpha[hh] = softmax_rescale(m_run[hh], m_new);
-      pr[hh] = valid0 ? softmax_weight(s[hh], m_new) : 0.0f;
-      pr[2 + hh] = valid1 ? softmax_weight(s[2 + hh], m_new) : 0.0f;
-      l_run[hh] = l_run[hh] * alpha[hh] + (pr[hh] + pr[2 + hh]);
-      m_run[hh] = m_new;
-    }
-    if (__any_sync(kFullMask, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+    for (int n = 0; n < kNT; ++n)
 #pragma unroll
-      for (int m = 0; m < 8; ++m)
+      for (int hh = 0; hh < 2; ++hh) {
+        float top = kNegSentinel;
+        if (valid0) top = fmaxf(top, s[n][hh]);
+        if (valid1) top = fmaxf(top, s[n][2 + hh]);
+        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 4));
+        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 8));
+        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 16));
+        const float m_new = fmaxf(m_run[n][hh], top);
+        alpha[n][hh] = softmax_rescale(m_run[n][hh], m_new);
+        pr[n][hh] = valid0 ? softmax_weight(s[n][hh], m_new) : 0.0f;
+        pr[n][2 + hh] = valid1 ? softmax_weight(s[n][2 + hh], m_new) : 0.0f;
+        l_run[n][hh] = l_run[n][hh] * alpha[n][hh] + (pr[n][hh] + pr[n][2 + hh]);
+        m_run[n][hh] = m_new;
+        rescale = rescale || alpha[n][hh] != 1.0f;
+      }
+    if (__any_sync(kFullMask, rescale)) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          o[m][e] = pv_accumulator(o[m][e] * alpha[e & 1], MutantSite::decode_mma_direct);
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int m = 0; m < 8; ++m)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            o[n][m][e] =
+                pv_accumulator(o[n][m][e] * alpha[n][e & 1], MutantSite::decode_mma_direct);
     }
 
     // ---- PV. A tile with a V block that may leave fp16's range takes the f32 path. ----
@@ -333,8 +365,12 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 #pragma unroll 1
       for (int k = 0; k < kWK; ++k) {
         const int src = ((k & 7) << 2) | t;
-        const float p0 = __shfl_sync(kFullMask, k < 8 ? pr[0] : pr[2], src);
-        const float p1 = __shfl_sync(kFullMask, k < 8 ? pr[1] : pr[3], src);
+        float p0[kNT], p1[kNT];
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          p0[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][0] : pr[n][2], src);
+          p1[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][1] : pr[n][3], src);
+        }
         const int key = k < valid - 1 ? k : valid - 1;
         const std::uint8_t* blk = v_head + (key0 + key - range.base) * p.v_tok_bytes;
         const uint2 hdr = load_u2(blk);
@@ -349,17 +385,24 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
           const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
           const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
           constexpr MutantSite kSite = MutantSite::decode_mma_direct;
-          o[m][0] = pv_accumulator(fmaf(p0, v_lo, o[m][0]), kSite);
-          o[m][1] = pv_accumulator(fmaf(p1, v_lo, o[m][1]), kSite);
-          o[m][2] = pv_accumulator(fmaf(p0, v_hi, o[m][2]), kSite);
-          o[m][3] = pv_accumulator(fmaf(p1, v_hi, o[m][3]), kSite);
+#pragma unroll
+          for (int n = 0; n < kNT; ++n) {
+            o[n][m][0] = pv_accumulator(fmaf(p0[n], v_lo, o[n][m][0]), kSite);
+            o[n][m][1] = pv_accumulator(fmaf(p1[n], v_lo, o[n][m][1]), kSite);
+            o[n][m][2] = pv_accumulator(fmaf(p0[n], v_hi, o[n][m][2]), kSite);
+            o[n][m][3] = pv_accumulator(fmaf(p1[n], v_hi, o[n][m][3]), kSite);
+          }
         }
       }
       return;
     }
-    // p̃^T as the B fragment: the transpose of the (keys × heads) C layout.
-    const unsigned pb0 = transpose_8x8_f16(pack_f16x2(pr[0], pr[1]));  // keys 2t, 2t+1
-    const unsigned pb1 = transpose_8x8_f16(pack_f16x2(pr[2], pr[3]));  // keys 2t+8, 2t+9
+    // p̃^T as the B fragments: the transpose of the (keys × heads) C layout.
+    unsigned pb0[kNT], pb1[kNT];
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+      pb0[n] = transpose_8x8_f16(pack_f16x2(pr[n][0], pr[n][1]));  // keys 2t, 2t+1
+      pb1[n] = transpose_8x8_f16(pack_f16x2(pr[n][2], pr[n][3]));  // keys 2t+8, 2t+9
+    }
     unsigned d2[2], m2[2], qh2[2], qs2[2][4];  // per key pair (2t, 2t+1), (2t+8, 2t+9)
 #pragma unroll
     for (int pair = 0; pair < 2; ++pair) {
@@ -385,9 +428,13 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
       constexpr int m = decltype(m_tile)::value;
       using Lo = std::false_type;
       using Hi = std::true_type;
-      mma_16816(o[m], v_operand(0, m_tile, Lo{}), v_operand(0, m_tile, Hi{}),
-                v_operand(1, m_tile, Lo{}), v_operand(1, m_tile, Hi{}), pb0, pb1);
-      pv_accumulators(o[m], MutantSite::decode_mma_direct);
+      const unsigned a0 = v_operand(0, m_tile, Lo{}), a1 = v_operand(0, m_tile, Hi{});
+      const unsigned a2 = v_operand(1, m_tile, Lo{}), a3 = v_operand(1, m_tile, Hi{});
+#pragma unroll
+      for (int n = 0; n < kNT; ++n) {
+        mma_16816(o[n][m], a0, a1, a2, a3, pb0[n], pb1[n]);
+        pv_accumulators(o[n][m], MutantSite::decode_mma_direct);
+      }
     };
     pv_m_tile(std::integral_constant<int, 0>{});
     pv_m_tile(std::integral_constant<int, 1>{});
@@ -416,22 +463,25 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 
   // ---- Merge the 4 warps into the split's partial. ----
 #pragma unroll
-  for (int hh = 0; hh < 2; ++hh) {
-    l_run[hh] += __shfl_xor_sync(kFullMask, l_run[hh], 4);
-    l_run[hh] += __shfl_xor_sync(kFullMask, l_run[hh], 8);
-    l_run[hh] += __shfl_xor_sync(kFullMask, l_run[hh], 16);
-  }
-  if (g == 0) {
+  for (int n = 0; n < kNT; ++n)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      m_s[warp][2 * t + hh] = m_run[hh];
-      l_s[warp][2 * t + hh] = l_run[hh];
+      float& l = l_run[n][hh];
+      l += __shfl_xor_sync(kFullMask, l, 4);
+      l += __shfl_xor_sync(kFullMask, l, 8);
+      l += __shfl_xor_sync(kFullMask, l, 16);
+      if (g == 0) {
+        m_s[warp][8 * n + 2 * t + hh] = m_run[n][hh];
+        l_s[warp][8 * n + 2 * t + hh] = l;
+      }
     }
-  }
 #pragma unroll
-  for (int m = 0; m < 8; ++m)
+  for (int n = 0; n < kNT; ++n)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) o_s[warp][2 * t + (e & 1)][v_dim(m, g, e >> 1)] = o[m][e];
+    for (int m = 0; m < 8; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        o_s[warp][8 * n + 2 * t + (e & 1)][v_dim(m, g, e >> 1)] = o[n][m][e];
   __syncthreads();
   merge_warps_into_partial<kWarps, kThreads>(range, kD, kHeads, &m_s[0][0], &l_s[0][0], &w_s[0][0],
                                              &o_s[0][0][0], kOStride);
@@ -439,14 +489,22 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, kHeads)
 
 }  // namespace
 
-cudaError_t launch_split_mma_direct(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  decode_split_mma_direct_kernel<<<grid, kThreads, 0, stream>>>(sp);
+cudaError_t launch_split_mma_direct(const SplitParams& sp, int rows, dim3 grid,
+                                    cudaStream_t stream) {
+  if (rows == 8)
+    decode_split_mma_direct_kernel<1><<<grid, kThreads, 0, stream>>>(sp);
+  else if (rows == 16)
+    decode_split_mma_direct_kernel<2><<<grid, kThreads, 0, stream>>>(sp);
+  else
+    return cudaErrorInvalidValue;
   return cudaGetLastError();
 }
 
-cudaError_t split_mma_direct_resident_blocks(int* blocks) {
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, decode_split_mma_direct_kernel,
-                                                       kThreads, 0);
+cudaError_t split_mma_direct_resident_blocks(int rows, int* blocks) {
+  if (rows != 8 && rows != 16) return cudaErrorInvalidValue;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, rows == 8 ? decode_split_mma_direct_kernel<1> : decode_split_mma_direct_kernel<2>,
+      kThreads, 0);
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl

@@ -19,7 +19,8 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const bool plan_ok = head_dim_supported(plan.head_dim) && plan.gqa >= 1 && plan.gqa <= kMaxGqa &&
                        plan.n_kv_heads >= 1 && plan.n_kv_heads <= kMaxKvHeads &&
                        plan.n_splits >= 1 && plan.n_splits <= kDecodeMaxSplits &&
-                       plan.max_view_keys >= 1 &&
+                       plan.max_view_keys >= 1 && plan.min_split_keys >= plan.tile_keys &&
+                       plan.min_split_keys % plan.tile_keys == 0 &&
                        ((plan.kernel == DecodeKernel::cuda_core &&
                          plan.tile_keys == decode_tile_keys(plan.head_dim)) ||
                         (plan.kernel == DecodeKernel::mma && plan.tile_keys == kDecodeMmaTileKeys));
@@ -48,6 +49,10 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const ViewParams vp{a.len_d,   a.base_d, a.host_len, a.host_base, a.window, a.rows,
                       a.max_ctx, max_view, T};
   const int n_splits = verify ? verify_splits(plan, T) : plan.n_splits;
+  const SplitChoice choice = select_split_kernel(plan, T);
+  const int tile_keys =
+      choice.kernel == SplitKernel::cuda_core ? plan.tile_keys : kDecodeMmaTileKeys;
+  const int min_split_keys = verify ? tile_keys : plan.min_split_keys;
   const SplitParams sp{vp,
                        a.k_plane,
                        a.v_plane,
@@ -57,18 +62,18 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        a.scale,
                        plan.gqa,
                        n_splits,
+                       min_split_keys,
                        a.scratch,
                        a.status};
   const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(plan.n_kv_heads),
                   static_cast<unsigned>(verify ? verify_row_chunks(plan, T) : 1));
-  const SplitChoice choice = select_split_kernel(plan, T);
   cudaError_t err = cudaSuccess;
   switch (choice.kernel) {
     case SplitKernel::cuda_core:
       err = launch_split_cuda_core(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_direct:
-      err = launch_split_mma_direct(sp, grid, stream);
+      err = launch_split_mma_direct(sp, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_staged:
       err = launch_split_mma_staged(sp, plan.head_dim, choice.rows, grid, stream);
@@ -83,10 +88,9 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   if (err != cudaSuccess) return err;
   if (err = cudaGetLastError(); err != cudaSuccess) return err;
 
-  const int tile_keys =
-      choice.kernel == SplitKernel::cuda_core ? plan.tile_keys : kDecodeMmaTileKeys;
-  const MergeParams mp{vp,        a.out,           plan.gqa,      n_splits,
-                       tile_keys, plan.n_kv_heads, plan.head_dim, a.scratch};
+  const MergeParams mp{vp,        a.out,          plan.gqa,        n_splits,
+                       tile_keys, min_split_keys, plan.n_kv_heads, plan.head_dim,
+                       a.scratch};
   return launch_merge(mp, stream);
 }
 
@@ -96,7 +100,8 @@ cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
   plan.gqa = gqa;
   plan.kernel = DecodeKernel::mma;
   const SplitChoice choice = select_split_kernel(plan, 0);
-  if (choice.kernel == SplitKernel::mma_direct) return split_mma_direct_resident_blocks(blocks);
+  if (choice.kernel == SplitKernel::mma_direct)
+    return split_mma_direct_resident_blocks(choice.rows, blocks);
   return split_mma_staged_resident_blocks(head_dim, choice.rows, blocks);
 }
 

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
     if (tid < kMergeCols) p.out[out_row * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
     return;
   }
-  const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys);
+  const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys, p.min_split_keys);
   const int active = static_cast<int>((n + kps - 1) / kps);
   const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, rows, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
@@ -91,6 +91,10 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
     __syncthreads();  // every thread's copies (and, the first time, w_s) are visible
     if (tid < kMergeCols) {
       const int chunk = min(kMergeChunk, active - i0);
+      // NOTE: unrolled so that the shared-memory loads of 8 splits are in flight at once; the two
+      // fmaf chains stay in split order. Rolled, every step waited for its loads: 256 splits took
+      // ~7.8 µs (ncu, bench/NOTES.md).
+#pragma unroll 8
       for (int j = 0; j < chunk; ++j) {
         num = fmaf(o_s[j][tid], w_s[i0 + j], num);
         if (KVLAYER_DEVICE_MUTANT(merge_drops_split_weight) && i0 + j == 0 && active > 1) {

@@ -22,12 +22,11 @@ inline constexpr int kDecodeMmaWarpKeys = 16;
 inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 
 /// Resident tensor-core split blocks per multiprocessor (shared memory and the register cap of
-/// its __launch_bounds__): head dim 128 with gqa ≤ 8 is decode_mma_direct.cu's kernel (3: two
-/// tiles of operands in registers, 168 registers per thread); for decode_mma.cu, head dim 256
-/// needs 96 KB of stages and gqa > 8 doubles the accumulators.
+/// its __launch_bounds__): head dim 128 is decode_mma_direct.cu's kernel (gqa ≤ 8: 3, two tiles
+/// of operands in registers at 168 registers per thread; gqa > 8: 2, its second n-tile doubles
+/// q̃ and the accumulators); for decode_mma.cu, head dim 256 needs 96 KB of stages.
 __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa) {
-  (void)gqa;  // both head-dim-128 kernels (gqa ≤ 8 direct, gqa > 8 staged) hold 3 today
-  return head_dim == 256 ? 2 : (head_dim == 128 ? 3 : 4);
+  return head_dim == 256 ? 2 : (head_dim == 128 ? (gqa <= 8 ? 3 : 2) : 4);
 }
 
 /// Query rows of a verify decode (SPEC §11) one staged verify block holds (decode_mma.cu).
@@ -80,12 +79,14 @@ __host__ __device__ constexpr int decode_tile_keys(int head_dim) {
   return kDecodeThreads / (head_dim / 32);
 }
 
-/// Keys per split for a view of n ≥ 1 keys: ceil(n / n_splits) rounded up to a whole tile.
+/// Keys per split for a view of n ≥ 1 keys: ceil(n / n_splits) rounded up to a whole tile, and
+/// at least min_keys (a whole number of tiles: a short view then takes fewer splits).
 /// NOTE: depends only on the view length and the geometry (SPEC §8 determinism).
 __host__ __device__ constexpr std::int64_t decode_keys_per_split(std::int64_t n, int n_splits,
-                                                                 int tile_keys) {
+                                                                 int tile_keys, int min_keys) {
   const std::int64_t per = (n + n_splits - 1) / n_splits;
-  return (per + tile_keys - 1) / tile_keys * tile_keys;
+  const std::int64_t kps = (per + tile_keys - 1) / tile_keys * tile_keys;
+  return kps > min_keys ? kps : min_keys;
 }
 
 }  // namespace kvlayer::cuda::detail
