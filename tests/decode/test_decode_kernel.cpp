@@ -112,6 +112,8 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
       {128, 16, 0, DecodeKernel::mma, SplitKernel::mma_direct, 16},
       {128, 9, 0, DecodeKernel::mma, SplitKernel::mma_direct, 16},
       {64, 8, 0, DecodeKernel::mma, SplitKernel::mma_staged, 8},
+      {256, 8, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
+      {256, 1, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
       {256, 12, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16},
       {256, 3, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 4},
       {64, 16, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 16},

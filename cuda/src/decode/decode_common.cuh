@@ -370,14 +370,14 @@ cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, 
 /// block (select_split_kernel's).
 cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_mma_direct.cu: the register-direct tensor-core split kernel (head dim 128) for `rows`
-/// (8 or 16) query heads.
-cudaError_t launch_split_mma_direct(const SplitParams& sp, int rows, dim3 grid,
+/// decode_mma_direct.cu: the register-direct tensor-core split kernel for head dim 128 and
+/// `rows` 8 or 16 query heads, or head dim 256 and 8.
+cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
 
 /// Resident blocks per multiprocessor (occupancy API, with the launch's attributes applied).
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);
-cudaError_t split_mma_direct_resident_blocks(int rows, int* blocks);
+cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, int* blocks);
 cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
 
 /// What the merge reads and writes (merge.cu).

@@ -594,15 +594,15 @@ cudaError_t resident_blocks(int* blocks) {
 
 }  // namespace
 
-// NOTE: head dim 128 is decode_mma_direct.cu's (select_split_kernel), so no <128, ·> instance
-// is built.
+// NOTE: head dim 128, and 256 with ≤ 8 rows, are decode_mma_direct.cu's (select_split_kernel),
+// so no <128, ·> or <256, 8> instance is built.
 cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
   switch (head_dim) {
     case 64:
       return rows <= 8 ? launch<64, 8>(sp, grid, stream) : launch<64, 16>(sp, grid, stream);
     case 256:
-      return rows <= 8 ? launch<256, 8>(sp, grid, stream) : launch<256, 16>(sp, grid, stream);
+      return rows == 16 ? launch<256, 16>(sp, grid, stream) : cudaErrorInvalidValue;
     default:
       return cudaErrorInvalidValue;
   }
@@ -620,7 +620,7 @@ cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks
     case 64:
       return rows <= 8 ? resident_blocks<64, 8>(blocks) : resident_blocks<64, 16>(blocks);
     case 256:
-      return rows <= 8 ? resident_blocks<256, 8>(blocks) : resident_blocks<256, 16>(blocks);
+      return rows == 16 ? resident_blocks<256, 16>(blocks) : cudaErrorInvalidValue;
     default:
       return cudaErrorInvalidValue;
   }

@@ -1,6 +1,7 @@
-// Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8), head dim 128: the
-// default kernel for that head dim, gqa ≤ 8 on one mma n-tile of 8 query heads, gqa 9..16 on two
-// (kNT = 2: the K and V operands of each mma are shared by both n-tiles). Same contract as
+// Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8): the default kernel
+// for head dim 128 (gqa ≤ 8 on one mma n-tile of 8 query heads, gqa 9..16 on two, kNT = 2, that
+// share each K and V operand) and for head dim 256 with gqa ≤ 8 (two 128-dim slices, each read
+// and converted as head dim 128's). Same contract as
 // decode_mma.cu (grid, partition of the live view in 64-key granules, partial format, device-mode
 // checks, merge kernel) and the same rounding points, point for point (kvlayer/accuracy.hpp
 // (1)–(5)):
@@ -48,17 +49,19 @@
 namespace kvlayer::cuda::detail::decode_impl {
 namespace {
 
-constexpr int kD = 128;
-constexpr int kBlocks = kD / 32;
-constexpr int kKBytes = k_head_bytes(kD);  ///< K span of one head in a row (8-byte aligned)
-constexpr int kVBytes = v_head_bytes(kD);  ///< V span of one head in a row (8-byte aligned)
+/// A slice: 128 dims of a head (4 blocks), whose K bytes (136) and V bytes (96) start 8-byte
+/// aligned in every row; head dim 256 is two slices, each read and converted as head dim 128's.
+constexpr int kSliceDims = 128;
+constexpr int kSliceBlocks = kSliceDims / 32;
+constexpr int kKSliceBytes = k_head_bytes(kSliceDims);
+constexpr int kVSliceBytes = v_head_bytes(kSliceDims);
 constexpr int kWarps = kDecodeMmaWarps;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kWK = kDecodeMmaWarpKeys;  ///< keys per warp tile (the mma's M)
-constexpr int kOStride = kD + 4;         ///< merge staging row (floats)
 static_assert(kWK == 16 && kThreads == kDecodeThreads);
+static_assert(kKSliceBytes % 8 == 0 && kVSliceBytes % 8 == 0);
 
-/// Byte offset, within a key's K span, of the first quant of pair (reg, h) of block b as lane t
+/// Byte offset, within a key's K slice, of the first quant of pair (reg, h) of block b as lane t
 /// of a quad holds it after gather_k_block (pairs are 2-byte aligned: never split by a word).
 ///  t ≥ 1: block b is the lane's word t + 4b, registers (lo, hi) as loaded.
 ///  t = 0: the lane holds words 0, 4, 8, 12, 16 as registers S0..S9 (4 bytes each); its pairs
@@ -66,7 +69,7 @@ static_assert(kWK == 16 && kThreads == kDecodeThreads);
 ///    b3 (128, 130 | 132, 134), gathered as in gather_k_block.
 __host__ __device__ constexpr int k_pair_byte(int b, int reg, int h, int t) {
   if (t != 0) return 8 * (t + 4 * b) + 4 * reg + 2 * h;
-  constexpr int lane0[kBlocks][2][2] = {
+  constexpr int lane0[kSliceBlocks][2][2] = {
       {{2, 4}, {6, 32}}, {{36, 38}, {64, 66}}, {{96, 98}, {70, 100}}, {{128, 130}, {132, 134}}};
   return lane0[b][reg][h];
 }
@@ -86,7 +89,7 @@ __host__ __device__ constexpr int v_dim(int i, int g, int r) {
 // Every pair of every block is held by exactly one lane of a quad (a 32-quant block = 4 lanes ×
 // 4 pairs), checked at compile time.
 __host__ __device__ constexpr bool k_pairs_cover_blocks() {
-  for (int b = 0; b < kBlocks; ++b) {
+  for (int b = 0; b < kSliceBlocks; ++b) {
     int seen = 0;
     for (int t = 0; t < 4; ++t)
       for (int reg = 0; reg < 2; ++reg)
@@ -101,11 +104,15 @@ __host__ __device__ constexpr bool k_pairs_cover_blocks() {
 }
 static_assert(k_pairs_cover_blocks());
 
-/// One lane's operands of a 16-key warp tile, loaded straight from global memory.
+/// One lane's operands of a 16-key warp tile of kSlices slices, loaded straight from global
+/// memory.
+template <int kSlices>
 struct TileRegs {
-  unsigned k[2][10];  ///< keys g, g + 8: words t, t+4, t+8, t+12 (+16 for t = 0), 4-byte regs
-  uint2 vh[4];        ///< V header (d | m << 16, qh) of keys 2t, 2t+1, 2t+8, 2t+9, block g / 2
-  uint2 vq[4];        ///< the same keys' qs bytes 8h..8h+7 of that block (h = g % 2)
+  /// keys g, g + 8, slice c: words t, t+4, t+8, t+12 (+16 for t = 0) of the slice, 4-byte regs
+  unsigned k[2][kSlices][10];
+  /// slice c: V header (d | m << 16, qh) of keys 2t, 2t+1, 2t+8, 2t+9, block g / 2 of the slice
+  uint2 vh[kSlices][4];
+  uint2 vq[kSlices][4];  ///< the same keys' qs bytes 8h..8h+7 of that block (h = g % 2)
 };
 
 /// The two registers of block b of one key in pair order (see k_pair_byte). sel_a / sel_b
@@ -155,13 +162,23 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
 }
 
 /// One block per (split, KV head); 4 independent warps, warp w owning warp tiles w, w + 4, ….
-/// kNT mma n-tiles of 8 query heads each (head 8·n + g of n-tile n).
-template <int kNT>
+/// Head dim kD (128 or 256: kD / 128 slices); kNT mma n-tiles of 8 query heads each (head
+/// 8·n + g of n-tile n).
+template <int kD, int kNT>
 __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT))
     decode_split_mma_direct_kernel(const SplitParams p) {
+  constexpr int kSlices = kD / kSliceDims;
+  constexpr int kBlocks = kD / 32;
   constexpr int kHeads = 8 * kNT;  // query heads of the block (≥ gqa; the rest are zero rows)
+  constexpr int kMTiles = 8 * kSlices;  // PV m-tiles of 16 dims (8 per slice)
+  constexpr int kOStride = kD + 4;      // merge staging row (floats)
+  // NOTE: head dim 256 keeps q̃ in shared memory (one 16-byte read per block and n-tile in the
+  // QK loop): its two slices of operands, double-buffered, and 64 accumulators leave no room
+  // for q̃'s 32 registers (in registers it spilled 188 bytes at 255).
+  constexpr bool kQInSmem = kSlices > 1;
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
   __shared__ __align__(16) float o_s[kWarps][kHeads][kOStride];
+  __shared__ uint4 q_s[kQInSmem ? kNT * kBlocks : 1][32];  // lane's (ks, j) regs of (n, b)
 
   const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
@@ -173,8 +190,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   const int hv = g & 1;                   // the V half this lane group owns
   const int G = p.gqa;
 
-  // ---- q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b, reg ks, h j) of
-  // query head 8·n + g (zero for heads ≥ gqa). ----
+  // ---- q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b % 4, reg ks,
+  // h j) of block b (slice b / 4) of query head 8·n + g (zero for heads ≥ gqa). ----
   unsigned qb[kNT][kBlocks][2][2];
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {
@@ -186,25 +203,48 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
       for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int quant = k_pair_quant(b, ks, j, t);
+          const int quant = 32 * b + k_pair_quant(b % kSliceBlocks, ks, j, t);
           constexpr MutantSite kSite = MutantSite::decode_mma_direct;
-          const float x0 = head < G ? q_operand(q_head[32 * b + quant], p.scale, kSite) : 0.0f;
-          const float x1 = head < G ? q_operand(q_head[32 * b + quant + 1], p.scale, kSite) : 0.0f;
+          const float x0 = head < G ? q_operand(q_head[quant], p.scale, kSite) : 0.0f;
+          const float x1 = head < G ? q_operand(q_head[quant + 1], p.scale, kSite) : 0.0f;
           qb[n][b][ks][j] = pack_f16x2(x0, x1);
         }
   }
+  if constexpr (kQInSmem) {
+    if (warp == 0) {
+#pragma unroll
+      for (int n = 0; n < kNT; ++n)
+#pragma unroll
+        for (int b = 0; b < kBlocks; ++b)
+          q_s[n * kBlocks + b][lane] =
+              make_uint4(qb[n][b][0][0], qb[n][b][0][1], qb[n][b][1][0], qb[n][b][1][1]);
+    }
+    __syncthreads();  // block-uniform: every thread of an active block gets here
+  }
+  // The QK B fragment (k-step ks) of block b, n-tile n.
+  auto q_fragment = [&](int n, int b, int ks, unsigned& b0, unsigned& b1) {
+    if constexpr (kQInSmem) {
+      const uint4 x = q_s[n * kBlocks + b][lane];
+      b0 = ks == 0 ? x.x : x.z;
+      b1 = ks == 0 ? x.y : x.w;
+    } else {
+      b0 = qb[n][b][ks][0];
+      b1 = qb[n][b][ks][1];
+    }
+  };
   const unsigned sel_a = t == 0 ? 0x5432u : 0x3210u;
   const unsigned sel_b = t == 0 ? 0x7654u : 0x3210u;
   const unsigned qh_sel = hv ? 0x7531u : 0x6420u;  // qh bytes hv, hv + 2 of two keys
   const unsigned bias_low = 0x64006400u, bias_high = 0x54005400u;  // see v_quant_f16x2
 
-  const std::uint8_t* k_head = p.k_plane + (long long)kv * kKBytes;
-  const std::uint8_t* v_head = p.v_plane + (long long)kv * kVBytes + kQ5_1BlockBytes * (g >> 1);
+  const std::uint8_t* k_head = p.k_plane + (long long)kv * k_head_bytes(kD);
+  const std::uint8_t* v_head =
+      p.v_plane + (long long)kv * v_head_bytes(kD) + kQ5_1BlockBytes * (g >> 1);
   const long long lo = range.lo, hi = range.hi;
   const long long n_keys = hi - lo;
   const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);
   const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;
-  // Row strides fit in int (≤ 65535 KV heads × 136 B); a tile spans 16 rows.
+  // Row strides fit in int (≤ 65535 KV heads × 272 B); a tile spans 16 rows.
   const int k_tok = static_cast<int>(p.k_tok_bytes), v_tok = static_cast<int>(p.v_tok_bytes);
   // Offsets (bytes) of this lane's rows within a tile: K keys g, g + 8; V keys 2t, 2t+1, 2t+8,
   // 2t+9. Recomputed with clamping only for a split's partial last tile.
@@ -218,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
 
   // Loads this warp's i-th tile. Keys past the split's end read the split's last key instead
   // (real, finite-or-attended bytes; their p is 0).
-  auto load_tile = [&](TileRegs& r, int i) {
+  auto load_tile = [&](TileRegs<kSlices>& r, int i) {
     const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
     const long long row0 = key0 - range.base;
     // NOTE: the empty asm keeps the tile bases opaque, so that each row address is one 64-bit
@@ -236,31 +276,38 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
       for (int j = 0; j < 4; ++j) vo[j] = unsigned(min(v_key[j], last) * v_tok);
     }
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const std::uint8_t* src = reinterpret_cast<const std::uint8_t*>(k_tile + ko[j]) + 8 * t;
+    for (int j = 0; j < 2; ++j)
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint2 x = load_u2(src + 32 * w);
-        r.k[j][2 * w] = x.x;
-        r.k[j][2 * w + 1] = x.y;
+      for (int c = 0; c < kSlices; ++c) {
+        const std::uint8_t* src =
+            reinterpret_cast<const std::uint8_t*>(k_tile + ko[j]) + kKSliceBytes * c + 8 * t;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint2 x = load_u2(src + 32 * w);
+          r.k[j][c][2 * w] = x.x;
+          r.k[j][c][2 * w + 1] = x.y;
+        }
+        uint2 x = make_uint2(0u, 0u);
+        if (t == 0) x = load_u2(src + 128);  // word 16: lane t = 0's only
+        r.k[j][c][8] = x.x;
+        r.k[j][c][9] = x.y;
       }
-      uint2 x = make_uint2(0u, 0u);
-      if (t == 0) x = load_u2(src + 128);  // word 16: lane t = 0's only
-      r.k[j][8] = x.x;
-      r.k[j][9] = x.y;
-    }
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const std::uint8_t* src = reinterpret_cast<const std::uint8_t*>(v_tile + vo[j]);
-      r.vh[j] = load_u2(src);
-      r.vq[j] = load_u2(src + 8 + 8 * hv);
-    }
+    for (int c = 0; c < kSlices; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint8_t* src =
+            reinterpret_cast<const std::uint8_t*>(v_tile + vo[j]) + kVSliceBytes * c;
+        r.vh[c][j] = load_u2(src);
+        r.vq[c][j] = load_u2(src + 8 + 8 * hv);
+      }
   };
 
   // Per-warp state of n-tile n: heads 8n + 2t, 8n + 2t + 1 (m identical across the lane groups;
   // l per lane).
   float m_run[kNT][2], l_run[kNT][2];
-  float o[kNT][8][4];  // PV m-tile i: (dim v_dim(i, g, 0), heads 2t, 2t+1), (v_dim(i, g, 1), …)
+  // PV m-tile mt = 8c + i: (dim 128c + v_dim(i, g, 0), heads 2t, 2t+1), (128c + v_dim(i, g, 1), …)
+  float o[kNT][kMTiles][4];
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {
 #pragma unroll
@@ -269,51 +316,60 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
       l_run[n][hh] = 0.0f;
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+    for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][i][e] = 0.0f;
   }
 
-  auto compute_tile = [&](const TileRegs& r, int i) {
+  auto compute_tile = [&](const TileRegs<kSlices>& r, int i) {
     const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
     const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
 
-    // ---- QK: s[e] for key g + 8·(e / 2), head 2t + e % 2. ----
-    unsigned dpk[2][2];  // d of blocks (0, 1), (2, 3) of keys g, g + 8, from lane t = 0
+    // ---- QK: s[n][e] for key g + 8·(e / 2), head 8n + 2t + e % 2, blocks in order. ----
+    float s[kNT][4];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      dpk[j][0] = __shfl_sync(kFullMask, __byte_perm(r.k[j][0], r.k[j][2], 0x7610), lane & ~3);
-      dpk[j][1] = __shfl_sync(kFullMask, __byte_perm(r.k[j][5], r.k[j][7], 0x7610), lane & ~3);
-    }
-    float s[kNT][4];  // n-tile n: key g + 8·(e / 2), head 8n + 2t + e % 2
-#pragma unroll
-    for (int b = 0; b < kBlocks; ++b) {
-      unsigned u[2][2];  // [key j][reg], sign bits flipped
+    for (int c = 0; c < kSlices; ++c) {
+      unsigned dpk[2][2];  // d of blocks (0, 1), (2, 3) of the slice, keys g, g + 8, from t = 0
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        gather_k_block(r.k[j], b, sel_a, sel_b, u[j][0], u[j][1]);
-        u[j][0] ^= 0x80808080u;
-        u[j][1] ^= 0x80808080u;
-      }
-      unsigned a[2][4];  // the K A fragment of k-step ks, shared by the n-tiles
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        a[ks][0] = int8_pair_to_f16x2(u[0][ks], 0);
-        a[ks][1] = int8_pair_to_f16x2(u[1][ks], 0);
-        a[ks][2] = int8_pair_to_f16x2(u[0][ks], 1);
-        a[ks][3] = int8_pair_to_f16x2(u[1][ks], 1);
+        dpk[j][0] =
+            __shfl_sync(kFullMask, __byte_perm(r.k[j][c][0], r.k[j][c][2], 0x7610), lane & ~3);
+        dpk[j][1] =
+            __shfl_sync(kFullMask, __byte_perm(r.k[j][c][5], r.k[j][c][7], 0x7610), lane & ~3);
       }
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      for (int bs = 0; bs < kSliceBlocks; ++bs) {
+        const int b = kSliceBlocks * c + bs;
+        unsigned u[2][2];  // [key j][reg], sign bits flipped
 #pragma unroll
-        for (int ks = 0; ks < 2; ++ks)
-          mma_16816(c, a[ks][0], a[ks][1], a[ks][2], a[ks][3], qb[n][b][ks][0], qb[n][b][ks][1]);
+        for (int j = 0; j < 2; ++j) {
+          gather_k_block(r.k[j][c], bs, sel_a, sel_b, u[j][0], u[j][1]);
+          u[j][0] ^= 0x80808080u;
+          u[j][1] ^= 0x80808080u;
+        }
+        unsigned a[2][4];  // the K A fragment of k-step ks, shared by the n-tiles
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const unsigned dw = dpk[e >> 1][b >> 1];
-          const float d = f16_bits((b & 1) ? dw >> 16 : dw & 0xffffu);
-          s[n][e] = b == 0 ? __fmul_rn(c[e], d) : fmaf(c[e], d, s[n][e]);
+        for (int ks = 0; ks < 2; ++ks) {
+          a[ks][0] = int8_pair_to_f16x2(u[0][ks], 0);
+          a[ks][1] = int8_pair_to_f16x2(u[1][ks], 0);
+          a[ks][2] = int8_pair_to_f16x2(u[0][ks], 1);
+          a[ks][3] = int8_pair_to_f16x2(u[1][ks], 1);
+        }
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+            unsigned b0, b1;
+            q_fragment(n, b, ks, b0, b1);
+            mma_16816(acc, a[ks][0], a[ks][1], a[ks][2], a[ks][3], b0, b1);
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const unsigned dw = dpk[e >> 1][bs >> 1];
+            const float d = f16_bits((bs & 1) ? dw >> 16 : dw & 0xffffu);
+            s[n][e] = b == 0 ? __fmul_rn(acc[e], d) : fmaf(acc[e], d, s[n][e]);
+          }
         }
       }
     }
@@ -349,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
 #pragma unroll
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
-        for (int m = 0; m < 8; ++m)
+        for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
           for (int e = 0; e < 4; ++e)
             o[n][m][e] =
@@ -359,7 +415,9 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
     // ---- PV. A tile with a V block that may leave fp16's range takes the f32 path. ----
     bool wide = false;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) wide = wide || v_header_maybe_wide(r.vh[j].x);
+    for (int c = 0; c < kSlices; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wide = wide || v_header_maybe_wide(r.vh[c][j].x);
     if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma_direct)) {
       // CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (rare path).
 #pragma unroll 1
@@ -372,25 +430,30 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
           p1[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][1] : pr[n][3], src);
         }
         const int key = k < valid - 1 ? k : valid - 1;
-        const std::uint8_t* blk = v_head + (key0 + key - range.base) * p.v_tok_bytes;
-        const uint2 hdr = load_u2(blk);
-        const uint2 qs = load_u2(blk + 8 + 8 * hv);
-        const float d = f16_bits(hdr.x & 0xffffu), mv = f16_bits(hdr.x >> 16);
-        const unsigned qh = hdr.y >> (8 * hv);
+        const std::uint8_t* row = v_head + (key0 + key - range.base) * p.v_tok_bytes;
 #pragma unroll
-        for (int m = 0; m < 8; ++m) {
-          const unsigned byte = ((m < 4 ? qs.x : qs.y) >> (8 * (m & 3))) & 0xffu;
-          const unsigned q_lo = (byte & 0xfu) | (((qh >> m) & 1u) << 4);
-          const unsigned q_hi = (byte >> 4) | (((qh >> (16 + m)) & 1u) << 4);
-          const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
-          const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
-          constexpr MutantSite kSite = MutantSite::decode_mma_direct;
+        for (int c = 0; c < kSlices; ++c) {
+          const std::uint8_t* blk = row + kVSliceBytes * c;
+          const uint2 hdr = load_u2(blk);
+          const uint2 qs = load_u2(blk + 8 + 8 * hv);
+          const float d = f16_bits(hdr.x & 0xffffu), mv = f16_bits(hdr.x >> 16);
+          const unsigned qh = hdr.y >> (8 * hv);
 #pragma unroll
-          for (int n = 0; n < kNT; ++n) {
-            o[n][m][0] = pv_accumulator(fmaf(p0[n], v_lo, o[n][m][0]), kSite);
-            o[n][m][1] = pv_accumulator(fmaf(p1[n], v_lo, o[n][m][1]), kSite);
-            o[n][m][2] = pv_accumulator(fmaf(p0[n], v_hi, o[n][m][2]), kSite);
-            o[n][m][3] = pv_accumulator(fmaf(p1[n], v_hi, o[n][m][3]), kSite);
+          for (int m = 0; m < 8; ++m) {
+            const unsigned byte = ((m < 4 ? qs.x : qs.y) >> (8 * (m & 3))) & 0xffu;
+            const unsigned q_lo = (byte & 0xfu) | (((qh >> m) & 1u) << 4);
+            const unsigned q_hi = (byte >> 4) | (((qh >> (16 + m)) & 1u) << 4);
+            const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
+            const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
+            constexpr MutantSite kSite = MutantSite::decode_mma_direct;
+#pragma unroll
+            for (int n = 0; n < kNT; ++n) {
+              float(&acc)[4] = o[n][8 * c + m];
+              acc[0] = pv_accumulator(fmaf(p0[n], v_lo, acc[0]), kSite);
+              acc[1] = pv_accumulator(fmaf(p1[n], v_lo, acc[1]), kSite);
+              acc[2] = pv_accumulator(fmaf(p0[n], v_hi, acc[2]), kSite);
+              acc[3] = pv_accumulator(fmaf(p1[n], v_hi, acc[3]), kSite);
+            }
           }
         }
       }
@@ -403,54 +466,57 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
       pb0[n] = transpose_8x8_f16(pack_f16x2(pr[n][0], pr[n][1]));  // keys 2t, 2t+1
       pb1[n] = transpose_8x8_f16(pack_f16x2(pr[n][2], pr[n][3]));  // keys 2t+8, 2t+9
     }
-    unsigned d2[2], m2[2], qh2[2], qs2[2][4];  // per key pair (2t, 2t+1), (2t+8, 2t+9)
 #pragma unroll
-    for (int pair = 0; pair < 2; ++pair) {
-      const uint2 h0 = r.vh[2 * pair], h1 = r.vh[2 * pair + 1];
-      const uint2 w0 = r.vq[2 * pair], w1 = r.vq[2 * pair + 1];
-      d2[pair] = __byte_perm(h0.x, h1.x, 0x5410);
-      m2[pair] = __byte_perm(h0.x, h1.x, 0x7632);
-      qh2[pair] = __byte_perm(h0.y, h1.y, qh_sel);     // per lane: bits 0..7 low, 8..15 high quants
-      qs2[pair][0] = __byte_perm(w0.x, w1.x, 0x5410);  // qs bytes 0, 1 of each key
-      qs2[pair][1] = __byte_perm(w0.x, w1.x, 0x7632);  // bytes 2, 3
-      qs2[pair][2] = __byte_perm(w0.y, w1.y, 0x5410);  // bytes 4, 5
-      qs2[pair][3] = __byte_perm(w0.y, w1.y, 0x7632);  // bytes 6, 7
-    }
-    auto v_operand = [&](int pair, auto m_tile, auto high) -> unsigned {
-      constexpr int m = decltype(m_tile)::value;
-      constexpr bool kHigh = decltype(high)::value;
-      const unsigned qs = (m & 1) ? qs2[pair][m >> 1] >> 8 : qs2[pair][m >> 1];
-      const __half2 q = kHigh ? v_quant_f16x2<4, 8 + m>(qs, qh2[pair], bias_high)
-                              : v_quant_f16x2<0, m>(qs, qh2[pair], bias_low);
-      return h2_bits(__hfma2(as_h2(d2[pair]), q, as_h2(m2[pair])));
-    };
-    auto pv_m_tile = [&](auto m_tile) {
-      constexpr int m = decltype(m_tile)::value;
-      using Lo = std::false_type;
-      using Hi = std::true_type;
-      const unsigned a0 = v_operand(0, m_tile, Lo{}), a1 = v_operand(0, m_tile, Hi{});
-      const unsigned a2 = v_operand(1, m_tile, Lo{}), a3 = v_operand(1, m_tile, Hi{});
+    for (int c = 0; c < kSlices; ++c) {
+      unsigned d2[2], m2[2], qh2[2], qs2[2][4];  // per key pair (2t, 2t+1), (2t+8, 2t+9)
 #pragma unroll
-      for (int n = 0; n < kNT; ++n) {
-        mma_16816(o[n][m], a0, a1, a2, a3, pb0[n], pb1[n]);
-        pv_accumulators(o[n][m], MutantSite::decode_mma_direct);
+      for (int pair = 0; pair < 2; ++pair) {
+        const uint2 h0 = r.vh[c][2 * pair], h1 = r.vh[c][2 * pair + 1];
+        const uint2 w0 = r.vq[c][2 * pair], w1 = r.vq[c][2 * pair + 1];
+        d2[pair] = __byte_perm(h0.x, h1.x, 0x5410);
+        m2[pair] = __byte_perm(h0.x, h1.x, 0x7632);
+        qh2[pair] = __byte_perm(h0.y, h1.y, qh_sel);  // per lane: bits 0..7 low, 8..15 high quants
+        qs2[pair][0] = __byte_perm(w0.x, w1.x, 0x5410);  // qs bytes 0, 1 of each key
+        qs2[pair][1] = __byte_perm(w0.x, w1.x, 0x7632);  // bytes 2, 3
+        qs2[pair][2] = __byte_perm(w0.y, w1.y, 0x5410);  // bytes 4, 5
+        qs2[pair][3] = __byte_perm(w0.y, w1.y, 0x7632);  // bytes 6, 7
       }
-    };
-    pv_m_tile(std::integral_constant<int, 0>{});
-    pv_m_tile(std::integral_constant<int, 1>{});
-    pv_m_tile(std::integral_constant<int, 2>{});
-    pv_m_tile(std::integral_constant<int, 3>{});
-    pv_m_tile(std::integral_constant<int, 4>{});
-    pv_m_tile(std::integral_constant<int, 5>{});
-    pv_m_tile(std::integral_constant<int, 6>{});
-    pv_m_tile(std::integral_constant<int, 7>{});
+      auto v_operand = [&](int pair, auto m_tile, auto high) -> unsigned {
+        constexpr int m = decltype(m_tile)::value;
+        constexpr bool kHigh = decltype(high)::value;
+        const unsigned qs = (m & 1) ? qs2[pair][m >> 1] >> 8 : qs2[pair][m >> 1];
+        const __half2 q = kHigh ? v_quant_f16x2<4, 8 + m>(qs, qh2[pair], bias_high)
+                                : v_quant_f16x2<0, m>(qs, qh2[pair], bias_low);
+        return h2_bits(__hfma2(as_h2(d2[pair]), q, as_h2(m2[pair])));
+      };
+      auto pv_m_tile = [&](auto m_tile) {
+        constexpr int m = decltype(m_tile)::value;
+        using Lo = std::false_type;
+        using Hi = std::true_type;
+        const unsigned a0 = v_operand(0, m_tile, Lo{}), a1 = v_operand(0, m_tile, Hi{});
+        const unsigned a2 = v_operand(1, m_tile, Lo{}), a3 = v_operand(1, m_tile, Hi{});
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          mma_16816(o[n][8 * c + m], a0, a1, a2, a3, pb0[n], pb1[n]);
+          pv_accumulators(o[n][8 * c + m], MutantSite::decode_mma_direct);
+        }
+      };
+      pv_m_tile(std::integral_constant<int, 0>{});
+      pv_m_tile(std::integral_constant<int, 1>{});
+      pv_m_tile(std::integral_constant<int, 2>{});
+      pv_m_tile(std::integral_constant<int, 3>{});
+      pv_m_tile(std::integral_constant<int, 4>{});
+      pv_m_tile(std::integral_constant<int, 5>{});
+      pv_m_tile(std::integral_constant<int, 6>{});
+      pv_m_tile(std::integral_constant<int, 7>{});
+    }
   };
 
   // Double-buffered registers: tile i + 1's loads are in flight while tile i computes.
   // NOTE: a shared-memory pipeline (lane-private cp.async stages, 2 tiles ahead, 4 blocks per
   // SM) measured 160 µs against this version's 102–110 µs at 128K keys, and an L2 bulk prefetch
   // two tiles ahead 141 µs (bench/NOTES.md).
-  TileRegs buf0, buf1;
+  TileRegs<kSlices> buf0, buf1;
   if (my_tiles > 0) load_tile(buf0, 0);
   for (int i = 0; i < my_tiles; i += 2) {
     if (i + 1 < my_tiles) load_tile(buf1, i + 1);
@@ -478,33 +544,39 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
 #pragma unroll
   for (int n = 0; n < kNT; ++n)
 #pragma unroll
-    for (int m = 0; m < 8; ++m)
+    for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        o_s[warp][8 * n + 2 * t + (e & 1)][v_dim(m, g, e >> 1)] = o[n][m][e];
+        o_s[warp][8 * n + 2 * t + (e & 1)][kSliceDims * (m / 8) + v_dim(m % 8, g, e >> 1)] =
+            o[n][m][e];
   __syncthreads();
   merge_warps_into_partial<kWarps, kThreads>(range, kD, kHeads, &m_s[0][0], &l_s[0][0], &w_s[0][0],
                                              &o_s[0][0][0], kOStride);
 }
 
+/// The kernel instance for (head_dim, rows): 128 × 8, 128 × 16 or 256 × 8; null otherwise.
+using DirectKernel = void (*)(SplitParams);
+DirectKernel direct_kernel(int head_dim, int rows) {
+  if (head_dim == 128 && rows == 8) return decode_split_mma_direct_kernel<128, 1>;
+  if (head_dim == 128 && rows == 16) return decode_split_mma_direct_kernel<128, 2>;
+  if (head_dim == 256 && rows == 8) return decode_split_mma_direct_kernel<256, 1>;
+  return nullptr;
+}
+
 }  // namespace
 
-cudaError_t launch_split_mma_direct(const SplitParams& sp, int rows, dim3 grid,
+cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
-  if (rows == 8)
-    decode_split_mma_direct_kernel<1><<<grid, kThreads, 0, stream>>>(sp);
-  else if (rows == 16)
-    decode_split_mma_direct_kernel<2><<<grid, kThreads, 0, stream>>>(sp);
-  else
-    return cudaErrorInvalidValue;
+  const DirectKernel kernel = direct_kernel(head_dim, rows);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  kernel<<<grid, kThreads, 0, stream>>>(sp);
   return cudaGetLastError();
 }
 
-cudaError_t split_mma_direct_resident_blocks(int rows, int* blocks) {
-  if (rows != 8 && rows != 16) return cudaErrorInvalidValue;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      blocks, rows == 8 ? decode_split_mma_direct_kernel<1> : decode_split_mma_direct_kernel<2>,
-      kThreads, 0);
+cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, int* blocks) {
+  const DirectKernel kernel = direct_kernel(head_dim, rows);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, 0);
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl

@@ -73,7 +73,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
       err = launch_split_cuda_core(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_direct:
-      err = launch_split_mma_direct(sp, choice.rows, grid, stream);
+      err = launch_split_mma_direct(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_staged:
       err = launch_split_mma_staged(sp, plan.head_dim, choice.rows, grid, stream);
@@ -101,7 +101,7 @@ cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
   plan.kernel = DecodeKernel::mma;
   const SplitChoice choice = select_split_kernel(plan, 0);
   if (choice.kernel == SplitKernel::mma_direct)
-    return split_mma_direct_resident_blocks(choice.rows, blocks);
+    return split_mma_direct_resident_blocks(head_dim, choice.rows, blocks);
   return split_mma_staged_resident_blocks(head_dim, choice.rows, blocks);
 }
 

@@ -22,9 +22,10 @@ inline constexpr int kDecodeMmaWarpKeys = 16;
 inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 
 /// Resident tensor-core split blocks per multiprocessor (shared memory and the register cap of
-/// its __launch_bounds__): head dim 128 is decode_mma_direct.cu's kernel (gqa ≤ 8: 3, two tiles
-/// of operands in registers at 168 registers per thread; gqa > 8: 2, its second n-tile doubles
-/// q̃ and the accumulators); for decode_mma.cu, head dim 256 needs 96 KB of stages.
+/// its __launch_bounds__). decode_mma_direct.cu: head dim 128, gqa ≤ 8: 3 (two tiles of operands
+/// in registers at 168 registers per thread); gqa > 8: 2 (a second n-tile doubles q̃ and the
+/// accumulators); head dim 256, gqa ≤ 8: 2 (two slices of operands). decode_mma.cu: head dim
+/// 256, gqa > 8: 2 (96 KB of stages); head dim 64: 4.
 __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa) {
   return head_dim == 256 ? 2 : (head_dim == 128 ? (gqa <= 8 ? 3 : 2) : 4);
 }

@@ -145,6 +145,7 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
     return {SplitKernel::cuda_core, rows};
   }
   if (plan.head_dim == 128) return {SplitKernel::mma_direct, plan.gqa <= 8 ? 8 : 16};
+  if (plan.head_dim == 256 && plan.gqa <= 8) return {SplitKernel::mma_direct, 8};
   return {SplitKernel::mma_staged, plan.gqa <= 8 ? 8 : 16};
 }
 
