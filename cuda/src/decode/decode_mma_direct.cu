@@ -139,24 +139,6 @@ __device__ __forceinline__ void gather_k_block(const unsigned (&s)[10], int b, u
   }
 }
 
-/// The fp16x2 (key 0, key 1) of one V quant: the nibble at bits `nib_shift`..+3 of both lanes of
-/// `qs` (after >> 0 or 8) and the high bit at bit `qh_bit` of both lanes of `qh`.
-/// Low nibbles (nib_shift 0) use fp16 1024 + q (high bit → bit 4), high nibbles (4) 64 + q
-/// (high bit → bit 8, mantissa bits 0..3 zero); the bias is subtracted exactly.
-template <int kNibble, int kQhBit>
-__device__ __forceinline__ __half2 v_quant_f16x2(unsigned qs, unsigned qh, unsigned bias) {
-  constexpr int kTarget = kNibble == 0 ? 4 : 8;  // where the high bit goes
-  const unsigned qh_at = kQhBit >= kTarget ? qh >> (kQhBit - kTarget) : qh << (kTarget - kQhBit);
-  constexpr unsigned kNibMask = kNibble == 0 ? 0x000f000fu : 0x00f000f0u;
-  constexpr unsigned kBitMask = kNibble == 0 ? 0x00100010u : 0x01000100u;
-  // x = (qs & kNibMask) | (qh_at & kBitMask) | bias in two LOP3s: the bias (no bit inside either
-  // mask) comes in a register, as a LOP3 takes one immediate.
-  unsigned y, x;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(y) : "r"(qh_at), "n"(kBitMask), "r"(bias));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(qs), "n"(kNibMask), "r"(y));
-  return __hsub2(as_h2(x), as_h2(bias));
-}
-
 __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
   return __ldg(reinterpret_cast<const uint2*>(p));
 }

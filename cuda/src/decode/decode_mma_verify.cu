@@ -119,15 +119,6 @@ __device__ __forceinline__ void copy_raw_tile(std::uint8_t* stage, const std::ui
   }
 }
 
-/// Shifts left by kS (right by −kS): a compile-time funnel for the q5_1 high bits.
-template <int kS>
-__device__ __forceinline__ unsigned shift_by(unsigned x) {
-  if constexpr (kS >= 0)
-    return x << kS;
-  else
-    return x >> -kS;
-}
-
 /// The block-wide conversion of a raw stage into the fp16 stage. Thread c converts key c % kTile,
 /// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
 /// their parity, and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is
@@ -203,12 +194,8 @@ __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint
     const auto pair = [&](auto i_c) {
       constexpr int i = decltype(i_c)::value;  // quants 2i, 2i + 1 and 16 + 2i, 17 + 2i
       const unsigned bytes = __byte_perm(qs[i / 2], 0u, (i & 1) ? 0x4342u : 0x4140u);
-      const unsigned xl =
-          (bytes & 0x000f000fu) | (shift_by<4 - 2 * i>(y_lo) & 0x00100010u) | 0x64006400u;
-      const unsigned xh =
-          (bytes & 0x00f000f0u) | (shift_by<8 - 2 * i>(y_hi) & 0x01000100u) | 0x54005400u;
-      v[i] = h2_bits(__hfma2(d2, __hsub2(as_h2(xl), as_h2(0x64006400u)), m2));
-      v[8 + i] = h2_bits(__hfma2(d2, __hsub2(as_h2(xh), as_h2(0x54005400u)), m2));
+      v[i] = h2_bits(__hfma2(d2, v_quant_f16x2<0, 2 * i>(bytes, y_lo, 0x64006400u), m2));
+      v[8 + i] = h2_bits(__hfma2(d2, v_quant_f16x2<4, 2 * i>(bytes, y_hi, 0x54005400u), m2));
     };
     pair(std::integral_constant<int, 0>{});
     pair(std::integral_constant<int, 1>{});

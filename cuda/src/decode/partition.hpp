@@ -61,7 +61,7 @@ __host__ __device__ constexpr int verify_warp_mtiles(int head_dim, int rows) {
 }
 
 /// m-tiles per online-softmax step (one max update) of decode_mma_verify.cu: 2 (two independent
-/// chains per warp, 4–5% faster than 1, bench/NOTES.md) where a warp has two or more per tile.
+/// chains per warp, 4–9% faster than 1, bench/NOTES.md) where a warp has two or more per tile.
 inline constexpr int kVerifyPairs = 2;
 
 /// Max updates per block tile of one decode_mma_verify.cu accumulator.
