@@ -44,7 +44,7 @@ inline std::vector<float> model_decode(const ref::KvLayer& layer, std::span<cons
   std::vector<float> out(std::size_t(g.n_kv_heads) * gqa * D, 0.0f);
   const std::int64_t n = view.end - view.begin;
   if (n <= 0) return out;
-  const std::int64_t kps = cuda::detail::decode_keys_per_split(n, S, T, plan.min_split_keys);
+  const std::int64_t kps = cuda::detail::decode_keys_per_split(n, S, T, plan.split_balance);
   const std::int64_t active = (n + kps - 1) / kps;
   const auto& kp = layer.k_plane();
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "kvlayer/reference/accuracy.hpp"
 #include "cuda_testbed.hpp"
+#include "kvlayer/reference/accuracy.hpp"
 
 namespace kvlayer::testing {
 namespace {

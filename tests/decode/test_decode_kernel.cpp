@@ -216,7 +216,7 @@ TEST(DecodePlan, PartitionCoversEveryViewExactly) {
       const auto p = plan_decode(3, head_dim, 2, 5000, sms);
       for (std::int64_t n = 1; n <= p.max_view_keys; ++n) {
         const std::int64_t kps =
-            cuda::detail::decode_keys_per_split(n, p.n_splits, p.tile_keys, p.min_split_keys);
+            cuda::detail::decode_keys_per_split(n, p.n_splits, p.tile_keys, p.split_balance);
         const std::int64_t active = (n + kps - 1) / kps;
         ASSERT_EQ(kps % p.tile_keys, 0);
         ASSERT_LE(kps, p.max_keys_per_split) << "n " << n;
@@ -708,9 +708,9 @@ TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
   const std::vector<float> q = random_query(rng, kKv * kGqa, kD, 2.0f);
   const float scale = ref::default_scale(kD);
   for (const DecodeKernel kernel : {DecodeKernel::mma, DecodeKernel::cuda_core}) {
-    // Planned for a GPU of 1024 SMs: far more splits than one chunk (mma 313 of 64 keys,
-    // CUDA cores 625 of 32 keys at 20000 keys: 2 and 3 chunks).
-    const auto plan = plan_decode(kKv, kD, kGqa, kKeys, 1024, kernel);
+    // Planned for a GPU of 1024 SMs without the split balance: far more splits than one chunk
+    // (mma 313 of 64 keys, CUDA cores 625 of 32 keys at 20000 keys: 2 and 3 chunks).
+    const auto plan = plan_decode(kKv, kD, kGqa, kKeys, 1024, kernel, 0);
     ASSERT_GT(plan.n_splits, 256) << "the plan no longer spans chunks";
     ref::KvLayer layer = full;
     DecodeBed bed(g, kGqa, plan);
@@ -720,8 +720,8 @@ TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
     // active splits for the mma plan (16448, 16384) and for the CUDA-core plan (8224, 8192).
     for (const std::int64_t n : {20000, 16448, 16384, 8224, 8192, 1000}) {
       layer.rewind(n);
-      const std::int64_t kps = cuda::detail::decode_keys_per_split(n, plan.n_splits, plan.tile_keys,
-                                                                   plan.min_split_keys);
+      const std::int64_t kps =
+          cuda::detail::decode_keys_per_split(n, plan.n_splits, plan.tile_keys, plan.split_balance);
       check_both_modes(bed, layer, q, scale,
                        std::string(kernel == DecodeKernel::mma ? "mma" : "cuda_core") + " len " +
                            std::to_string(n) + " active splits " +

@@ -79,7 +79,8 @@ void check_verify_here(cuda::KvLayer& gpu, const ref::KvLayer& ref, int T, Rng& 
       const float x = got[i * row_out + e];
       if (std::isnan(want[e])) {
         if (!std::isnan(x) && reported++ < 5)
-          ADD_FAILURE() << what << ": element " << e << " is " << x << " where the reference is NaN";
+          ADD_FAILURE() << what << ": element " << e << " is " << x
+                        << " where the reference is NaN";
         continue;
       }
       const double err = std::fabs(double(x) - want[e]);
@@ -155,7 +156,8 @@ TEST(CudaVerify, MultiRowAppendIsTSingleAppends) {
     for (int step = 0; step < 12; ++step) {
       const int T = int(rng.range(1, 16));
       if (ref.len() + T > (g.is_ring() ? 400 : g.max_ctx)) break;
-      const HostRows rows = make_rows(g, T, kDTypes[rng.range(0, 2)], Fill::finite_adversarial, rng);
+      const HostRows rows =
+          make_rows(g, T, kDTypes[rng.range(0, 2)], Fill::finite_adversarial, rng);
       const DeviceRows d(rows);
       gpu.reserve(T);
       if (g.is_ring() || g.window)

@@ -10,6 +10,7 @@
 
 #include "../device_status.cuh"
 #include "kvlayer/cuda/limits.hpp"
+#include "partition.hpp"
 
 namespace kvlayer {
 struct AccumulationShape;
@@ -60,9 +61,9 @@ struct DecodePlan {
   std::int64_t max_view_keys = 0;  ///< longest view the grid serves (capacity or window)
   int n_splits = 0;                ///< thread blocks per KV head along the keys
   int tile_keys = 0;               ///< keys per tile of the key loop (4096 / head_dim)
-  /// The shortest split of a decode (whole tiles, decode_min_split_keys): a shorter view takes
-  /// fewer splits, so that the partials' bytes stay small beside the keys' bytes.
-  int min_split_keys = 0;
+  /// decode_keys_per_split's balance: splits of at least split_balance·√n keys for a view of n
+  /// (kDecodeSplitBalance), so a short view takes fewer splits than the grid holds.
+  int split_balance = 0;
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
   std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split
   DecodeKernel kernel = DecodeKernel::cuda_core;
@@ -108,9 +109,6 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
 /// NOTE: cudaMalloc pointers qualify; a plane must not start at an offset into a buffer.
 inline constexpr std::size_t kDecodePlaneAlignment = 16;
 
-/// The shortest split of a decode plan for (head_dim, gqa) with tiles of tile_keys keys.
-int decode_min_split_keys(int head_dim, int gqa, int tile_keys);
-
 /// Chooses the grid for a geometry on the current device. Pure host arithmetic.
 /// Throws kvlayer::Error (refused) naming the value and the supported set for an unsupported
 /// head dim (64, 128, 256), gqa (1..16), n_kv_heads < 1, max_view_keys outside [1, 2^31 − 1]
@@ -119,9 +117,11 @@ int decode_min_split_keys(int head_dim, int gqa, int tile_keys);
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count);
 
-/// The same for an explicit kernel (tests, benchmarks); ignores the environment.
+/// The same for an explicit kernel and split balance (0: splits of any length; tests,
+/// benchmarks); ignores KVLAYER_DECODE_KERNEL.
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
-                       int multiprocessor_count, DecodeKernel kernel);
+                       int multiprocessor_count, DecodeKernel kernel,
+                       int split_balance = kDecodeSplitBalance);
 
 /// The kernel a plan uses by default: the environment variable KVLAYER_DECODE_KERNEL
 /// (`mma` or `cuda_core`), read at plan time (layer construction), else mma (tensor cores;

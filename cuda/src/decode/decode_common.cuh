@@ -153,7 +153,7 @@ struct SplitParams {
   const float* q;
   float scale;
   int gqa, n_splits;
-  int min_split_keys;  ///< decode_keys_per_split's min_keys (the plan's, or a tile for verify)
+  int split_balance;  ///< decode_keys_per_split's balance (the plan's; 0 for verify)
   void* scratch;
   DeviceStatus* status;
 };
@@ -238,7 +238,7 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   r.o = scratch.o + (part * rows + r.row0) * head_dim;
   r.m = scratch.m + part * rows + r.row0;
   r.l = scratch.l + part * rows + r.row0;
-  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys, p.min_split_keys);
+  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance);
   r.lo = view.begin + split * kps;
   r.hi = split_end(r.lo, kps, view.end, site);
   r.base = view.base;
@@ -383,7 +383,7 @@ cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks
 struct MergeParams {
   ViewParams view;
   float* out;
-  int gqa, n_splits, tile_keys, min_split_keys, n_kv, head_dim;
+  int gqa, n_splits, tile_keys, split_balance, n_kv, head_dim;
   void* scratch;
 };
 

@@ -19,8 +19,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const bool plan_ok = head_dim_supported(plan.head_dim) && plan.gqa >= 1 && plan.gqa <= kMaxGqa &&
                        plan.n_kv_heads >= 1 && plan.n_kv_heads <= kMaxKvHeads &&
                        plan.n_splits >= 1 && plan.n_splits <= kDecodeMaxSplits &&
-                       plan.max_view_keys >= 1 && plan.min_split_keys >= plan.tile_keys &&
-                       plan.min_split_keys % plan.tile_keys == 0 &&
+                       plan.max_view_keys >= 1 && plan.split_balance >= 0 &&
                        ((plan.kernel == DecodeKernel::cuda_core &&
                          plan.tile_keys == decode_tile_keys(plan.head_dim)) ||
                         (plan.kernel == DecodeKernel::mma && plan.tile_keys == kDecodeMmaTileKeys));
@@ -52,7 +51,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const SplitChoice choice = select_split_kernel(plan, T);
   const int tile_keys =
       choice.kernel == SplitKernel::cuda_core ? plan.tile_keys : kDecodeMmaTileKeys;
-  const int min_split_keys = verify ? tile_keys : plan.min_split_keys;
+  const int split_balance = verify ? 0 : plan.split_balance;
   const SplitParams sp{vp,
                        a.k_plane,
                        a.v_plane,
@@ -62,7 +61,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        a.scale,
                        plan.gqa,
                        n_splits,
-                       min_split_keys,
+                       split_balance,
                        a.scratch,
                        a.status};
   const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(plan.n_kv_heads),
@@ -88,8 +87,8 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   if (err != cudaSuccess) return err;
   if (err = cudaGetLastError(); err != cudaSuccess) return err;
 
-  const MergeParams mp{vp,        a.out,          plan.gqa,        n_splits,
-                       tile_keys, min_split_keys, plan.n_kv_heads, plan.head_dim,
+  const MergeParams mp{vp,        a.out,         plan.gqa,        n_splits,
+                       tile_keys, split_balance, plan.n_kv_heads, plan.head_dim,
                        a.scratch};
   return launch_merge(mp, stream);
 }

@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
     if (tid < kMergeCols) p.out[out_row * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
     return;
   }
-  const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys, p.min_split_keys);
+  const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys, p.split_balance);
   const int active = static_cast<int>((n + kps - 1) / kps);
   const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, rows, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)

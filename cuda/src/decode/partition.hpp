@@ -80,14 +80,30 @@ __host__ __device__ constexpr int decode_tile_keys(int head_dim) {
   return kDecodeThreads / (head_dim / 32);
 }
 
-/// Keys per split for a view of n ≥ 1 keys: ceil(n / n_splits) rounded up to a whole tile, and
-/// at least min_keys (a whole number of tiles: a short view then takes fewer splits).
-/// NOTE: depends only on the view length and the geometry (SPEC §8 determinism).
+/// ⌊√n⌋ for 0 ≤ n < 2^32, in integers (host and device agree bit for bit).
+__host__ __device__ constexpr std::int64_t isqrt(std::int64_t n) {
+  std::int64_t r = 0;
+  for (std::int64_t bit = std::int64_t(1) << 15; bit > 0; bit >>= 1)
+    if ((r + bit) * (r + bit) <= n) r += bit;
+  return r;
+}
+
+/// Decode plans' split balance: a view of n keys takes splits of at least kDecodeSplitBalance·√n
+/// keys, about √n / 2 of them. The split grid's work per split falls as n / splits while the
+/// merge's grows with the splits; without the floor a 16K-key view over one KV head took 256
+/// splits and its merge cost more than their keys (bench/NOTES.md, session 10).
+inline constexpr int kDecodeSplitBalance = 2;
+
+/// Keys per split for a view of n ≥ 1 keys: the larger of ceil(n / n_splits) and balance·⌊√n⌋
+/// (balance 0: no floor), rounded up to a whole tile.
+/// NOTE: depends only on the view length and the geometry (SPEC §8 determinism), and never
+/// falls as n grows, so the longest view bounds every launch's splits.
 __host__ __device__ constexpr std::int64_t decode_keys_per_split(std::int64_t n, int n_splits,
-                                                                 int tile_keys, int min_keys) {
+                                                                 int tile_keys, int balance) {
   const std::int64_t per = (n + n_splits - 1) / n_splits;
-  const std::int64_t kps = (per + tile_keys - 1) / tile_keys * tile_keys;
-  return kps > min_keys ? kps : min_keys;
+  const std::int64_t floor = balance * isqrt(n);
+  const std::int64_t keys = per > floor ? per : floor;
+  return (keys + tile_keys - 1) / tile_keys * tile_keys;
 }
 
 }  // namespace kvlayer::cuda::detail

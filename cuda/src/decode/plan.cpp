@@ -23,15 +23,6 @@ DecodeKernel default_decode_kernel() {
          " is not a decode kernel (supported: mma, cuda_core)");
 }
 
-int decode_min_split_keys(int head_dim, int gqa, int tile_keys) {
-  int keys = tile_keys;
-  if (const char* env = std::getenv("KVLAYER_MIN_SPLIT_KEYS")) keys = std::atoi(env);
-  keys = std::max(keys, tile_keys);
-  (void)head_dim;
-  (void)gqa;
-  return (keys + tile_keys - 1) / tile_keys * tile_keys;
-}
-
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count) {
   return plan_decode(n_kv_heads, head_dim, gqa, max_view_keys, multiprocessor_count,
@@ -39,7 +30,7 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 }
 
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
-                       int multiprocessor_count, DecodeKernel kernel) {
+                       int multiprocessor_count, DecodeKernel kernel, int split_balance) {
   const char* op = "plan_decode";
   if (!head_dim_supported(head_dim))
     refuse(op, "head_dim ", head_dim,
@@ -52,6 +43,8 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
     refuse(op, "max_view_keys ", max_view_keys, " is outside [1, 2^31 - 1]");
   if (multiprocessor_count < 1)
     refuse(op, "multiprocessor_count ", multiprocessor_count, " must be at least 1");
+  if (split_balance < 0 || split_balance > 64)
+    refuse(op, "split_balance ", split_balance, " is outside [0, 64]");
   if (kernel != DecodeKernel::cuda_core && kernel != DecodeKernel::mma)
     refuse(op, "decode kernel ", int(kernel), " is not a kernel (supported: cuda_core, mma)");
 
@@ -72,14 +65,18 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   // NOTE: rounded down: one block more than the resident slots would start a second wave that
   // runs a whole split's time alone (8 × 128 at 3 per SM: 50 splits = 400 blocks > 396).
   std::int64_t splits = target / n_kv_heads;
-  p.min_split_keys = decode_min_split_keys(head_dim, gqa, p.tile_keys);
-  const std::int64_t max_splits = (max_view_keys + p.min_split_keys - 1) / p.min_split_keys;
+  p.split_balance = split_balance;
+  if (const char* env = std::getenv("KVLAYER_SPLIT_BALANCE")) p.split_balance = std::atoi(env);
+  // No more splits than the longest view fills (a shorter view leaves some of them empty).
+  const std::int64_t longest =
+      decode_keys_per_split(max_view_keys, 1 << 30, p.tile_keys, p.split_balance);
+  const std::int64_t max_splits = (max_view_keys + longest - 1) / longest;
   splits = std::clamp<std::int64_t>(
       splits, 1, std::min({max_tiles, max_splits, std::int64_t(kDecodeMaxSplits)}));
   p.n_splits = int(splits);
   // keys_per_split grows with the view length, so the longest view bounds every launch.
   p.max_keys_per_split =
-      decode_keys_per_split(max_view_keys, p.n_splits, p.tile_keys, p.min_split_keys);
+      decode_keys_per_split(max_view_keys, p.n_splits, p.tile_keys, p.split_balance);
   // One rescale per tile of an accumulator's chain; the mma kernel's warps each see every 4th
   // 16-key tile (max_keys_per_split / 64 of them) and the block merges its 4 warps once more.
   p.max_rescales =
@@ -167,8 +164,8 @@ const char* split_kernel_name(SplitKernel kernel) {
 
 kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T) {
   const int splits = verify_splits(plan, T);
-  const std::int64_t kps = decode_keys_per_split(plan.verify_max_view_keys, splits,
-                                                 kDecodeMmaTileKeys, kDecodeMmaTileKeys);
+  const std::int64_t kps =
+      decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys, 0);
   // T = 1 and the staged verify (as plan_decode's mma kernels): a warp sees every 4th 16-key
   // tile of 64 keys, one mma step and one max update each. decode_mma_verify.cu: per tile of
   // verify_tile_keys a warp takes verify_warp_mtiles m-tiles (one mma step each) in
