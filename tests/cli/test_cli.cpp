@@ -331,6 +331,13 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"bench", "--decode-only", "4096", "--queries", "17"},
                      2,
                      "kvlayer bench: --queries '17' must be an integer in [1, 16]\n"});
+    cases.push_back({{"bench", "--capacity", "131072"},
+                     2,
+                     "kvlayer bench: --capacity applies to --decode-only only\n"});
+    cases.push_back({{"bench", "--decode-only", "4096", "--capacity", "1024"},
+                     2,
+                     "kvlayer bench: --capacity 1024 must be at least --decode-only's keys (4096), "
+                     "without --queries\n"});
     cases.push_back({{"soak", "--cycles", "-1"},
                      2,
                      "kvlayer soak: --cycles '-1' must be an integer in [0, 100000000]\n"});

@@ -33,7 +33,7 @@ using cuda::Stream;
 
 constexpr std::string_view kUsage =
     "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--no-accuracy]\n"
-    "                     [--decode-only KEYS [--shape S] [--queries T]]\n"
+    "                     [--decode-only KEYS [--shape S] [--queries T] [--capacity C]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window; verify decode (SPEC §11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
@@ -56,7 +56,9 @@ constexpr std::string_view kUsage =
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
     "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n"
-    "  --queries T   with --decode-only: the graph-replayed verify decode of T (1..16) queries\n";
+    "  --queries T   with --decode-only: the graph-replayed verify decode of T (1..16) queries\n"
+    "  --capacity C  with --decode-only: layers of C >= KEYS rows holding KEYS keys (an engine's\n"
+    "                short view of a long cache; the grid is planned for C)\n";
 
 struct Row {
   std::string name, shape;
@@ -128,7 +130,10 @@ struct Bench {
   /// Layers filled with random rows, enough copies that their planes exceed 4× the L2.
   std::vector<std::unique_ptr<cuda::KvLayer>> make_layers(const Geometry& g, int nq,
                                                           std::int64_t fill) {
-    const double layer_bytes = double(g.rows()) * double(g.k_tok_bytes() + g.v_tok_bytes());
+    // Enough copies of the bytes a decode reads (the filled rows) to keep L2 cold.
+    const double layer_bytes =
+        double(std::min<std::int64_t>(g.rows(), std::max<std::int64_t>(fill, 1))) *
+        double(g.k_tok_bytes() + g.v_tok_bytes());
     const int copies = int(std::clamp(std::ceil(4.0 * double(l2_bytes) / layer_bytes), 2.0, 48.0));
     const std::int64_t chunk = 4096;
     DeviceBuffer k(std::size_t(chunk * g.kv_dim_k()) * 4), v(std::size_t(chunk * g.kv_dim_v()) * 4);
@@ -148,11 +153,13 @@ struct Bench {
     return layers;
   }
 
-  void decode(int n_kv, int hd, int gqa, std::int64_t keys, std::int64_t window) {
+  /// capacity > keys: layers of that many rows holding `keys` keys.
+  void decode(int n_kv, int hd, int gqa, std::int64_t keys, std::int64_t window,
+              std::int64_t capacity = 0) {
     Geometry g;
     g.n_kv_heads = n_kv;
     g.head_dim_k = g.head_dim_v = hd;
-    g.max_ctx = keys;
+    g.max_ctx = std::max(keys, capacity);
     if (window) g.window = window;
     const int nq = n_kv * gqa;
     auto layers = make_layers(g, nq, keys);
@@ -355,12 +362,19 @@ struct Bench {
 };
 
 int run_bench(const std::vector<std::string>& args) {
-  const Options o(args, {"json", "reps", "decode-only", "shape", "queries"},
+  const Options o(args, {"json", "reps", "decode-only", "shape", "queries", "capacity"},
                   {"quick", "no-accuracy", "no-verify"});
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
   const int queries = int(o.integer("queries", 0, 1, cuda::kDefaultMaxVerify));
   if (queries > 0 && decode_only == 0) throw UsageError("--queries applies to --decode-only only");
+  const std::int64_t capacity = o.integer("capacity", 0, 64, 1 << 24);
+  if (capacity > 0 && decode_only == 0)
+    throw UsageError("--capacity applies to --decode-only only");
+  if (capacity > 0 && (capacity < decode_only || queries > 0))
+    throw UsageError("--capacity " + std::to_string(capacity) +
+                     " must be at least --decode-only's keys (" + std::to_string(decode_only) +
+                     "), without --queries");
   int shape_kv = 8, shape_d = 128, shape_gqa = 8;
   if (auto shape = o.get("shape")) {
     char tail = 0;
@@ -386,10 +400,11 @@ int run_bench(const std::vector<std::string>& args) {
     if (queries > 0)
       b.verify(shape_kv, shape_d, shape_gqa, decode_only, 0, {queries});
     else
-      b.decode(shape_kv, shape_d, shape_gqa, decode_only, 0);
+      b.decode(shape_kv, shape_d, shape_gqa, decode_only, 0, capacity);
     for (const Row& r : b.rows)
-      std::printf("%-16s %dx%d gqa %d %8lld keys %10.2f us %8.0f GB/s\n", r.name.c_str(), shape_kv,
-                  shape_d, shape_gqa, (long long)r.keys, r.us, r.bytes / r.us / 1e3);
+      std::printf("%-16s %dx%d gqa %d %8lld keys %10.2f us %8.0f GB/s%s\n", r.name.c_str(),
+                  shape_kv, shape_d, shape_gqa, (long long)r.keys, r.us, r.bytes / r.us / 1e3,
+                  capacity > 0 ? (" capacity " + std::to_string(capacity)).c_str() : "");
     return kExitOk;
   }
   b.ceiling();

@@ -202,6 +202,7 @@ __device__ __forceinline__ void wait_for_split_grid() {
 /// key − base; its query rows [row0, row0 + nrows) of the KV head (all of them, unless a
 /// verify grid splits them over blockIdx.z), partial o[nrows][D], m[nrows], l[nrows].
 struct SplitRange {
+  int kv;  ///< the KV head (see begin_split)
   long long lo, hi, base;
   long long len;  ///< the view's end: the last query sits at len − 1
   int row0, nrows;
@@ -212,33 +213,42 @@ struct SplitRange {
 };
 
 /// The prologue every split kernel shares (block-uniform, before any barrier): resolves and
-/// checks the view (recording a device error once), and for a split past the view's end writes
-/// the empty partial (m = sentinel, l = 0, o = 0) so that scratch is always whole; and it lets
-/// the merge grid launch early (allow_merge_launch). tile_keys is the kernel's partition
-/// granule (decode_keys_per_split); site names the kernel (mutant reach).
+/// checks the view (recording a device error once), picks the block's (KV head, split) and
+/// lets the merge grid launch early (allow_merge_launch). A view of n keys needs active =
+/// ceil(n / keys_per_split) splits per KV head, at most the grid's: the blocks of linear index
+/// blockIdx.x + gridDim.x·blockIdx.y below active·n_kv take (KV head, split) = (index / active,
+/// index % active) and the rest have nothing to do, so that the working blocks are the first
+/// ones the GPU places, spread evenly over the SMs. An active split with no keys (a planted
+/// mutant's) writes the empty partial (m = sentinel, l = 0, o = 0). tile_keys is the kernel's
+/// partition granule (decode_keys_per_split); site names the kernel (mutant reach).
 __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys,
                                          MutantSite site) {
   allow_merge_launch();
   SplitRange r{};
-  const int split = blockIdx.x, kv = blockIdx.y, tid = threadIdx.x;
+  const int tid = threadIdx.x;
   const int rows = query_rows(p.view.queries, p.gqa);
   const int rows_per_block = verify_rows_per_block(rows, int(gridDim.z));
   r.row0 = blockIdx.z * rows_per_block;
   r.nrows = rows - r.row0 < rows_per_block ? rows - r.row0 : rows_per_block;
   const View view = resolve_view(p.view, site);
   if (view.error) {
-    if (split == 0 && kv == 0 && tid == 0)
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
       record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
     return r;
   }
   const long long n = view.end - view.begin;
   if (n <= 0) return r;  // the merge writes the all-zero output
+  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance);
+  const long long active = (n + kps - 1) / kps;  // ≤ n_splits (the plan's bound)
+  const long long index = blockIdx.x + (long long)gridDim.x * blockIdx.y;
+  if (index >= active * gridDim.y) return r;  // not needed by this view
+  r.kv = static_cast<int>(index / active);
+  const long long split = index % active;
   const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, rows, head_dim);
-  const long long part = (long long)kv * p.n_splits + split;  // partial index
+  const long long part = (long long)r.kv * p.n_splits + split;  // partial index
   r.o = scratch.o + (part * rows + r.row0) * head_dim;
   r.m = scratch.m + part * rows + r.row0;
   r.l = scratch.l + part * rows + r.row0;
-  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance);
   r.lo = view.begin + split * kps;
   r.hi = split_end(r.lo, kps, view.end, site);
   r.base = view.base;

@@ -89,12 +89,12 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   __shared__ float p_s[T][GMAX];   // fp16-rounded probabilities of the tile
   __shared__ float alpha_s[GMAX];  // rescale of the running output, per head
 
-  const int kv = blockIdx.y;
   const int tid = threadIdx.x;
   const int G = p.gqa;
 
   const SplitRange range = begin_split(p, D, T, MutantSite::decode_cuda_core);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
+  const int kv = range.kv;
   const long long lo = range.lo, hi = range.hi;
 
   // q of this KV head's query heads, rounded to fp16 once, laid out [g][block][36].

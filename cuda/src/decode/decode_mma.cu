@@ -238,7 +238,6 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   constexpr int kC = kHi ? 4 : 2;  // accumulator registers kept per n-tile
   extern __shared__ __align__(16) std::uint8_t smem[];
 
-  const int kv = blockIdx.y;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
@@ -246,6 +245,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 
   const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, MutantSite::decode_mma);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
+  const int kv = range.kv;
   const long long lo = range.lo, hi = range.hi;
 
   // ---- q̃ as A fragments, for the whole split: qa[b][ks][r], r = a0..a3 of the PTX layout. ----

@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
-  const int kv = blockIdx.y;
+  const int kv = range.kv;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group

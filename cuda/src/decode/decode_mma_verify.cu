@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, kSite);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
-  const int kv = blockIdx.y;
+  const int kv = range.kv;
   const int tid = threadIdx.x;
   const int warp = tid / 32, lane = tid % 32;
   const int wr = warp / WK, wk = warp % WK;
