@@ -34,8 +34,10 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   __shared__ float l_s[kMergeChunk];
   __shared__ float w_s[kDecodeMaxSplits];
   __shared__ float red_s[kMergeThreads / 32];
-  wait_for_split_grid();  // launched as a programmatic dependent of the split grid
+  // The view first: the split grid does not write len_d or base_d (the work before it on the
+  // stream, which does, has completed), so their round trip overlaps the split grid's tail.
   const View view = resolve_view(p.view, MutantSite::decode_merge);
+  wait_for_split_grid();  // launched as a programmatic dependent of the split grid
   if (view.error) return;  // the split kernel recorded it
   const int D = p.head_dim;
   const int rows = query_rows(p.view.queries, p.gqa);
