@@ -5,8 +5,6 @@ medians, ratios and spreads are checked, the round-robin order included; the ref
 
     python3 tools/test_bench_ab.py        (exit 0: all passed)
 """
-import importlib.machinery
-import importlib.util
 import os
 import subprocess
 import sys
@@ -15,17 +13,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "bench-ab")
+sys.path.insert(0, HERE)
+from tool_module import load_tool  # noqa: E402
 
-
-def load_module():
-    loader = importlib.machinery.SourceFileLoader("bench_ab", SCRIPT)
-    spec = importlib.util.spec_from_loader("bench_ab", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-ab = load_module()
+ab = load_tool("bench-ab")
 failures = []
 
 

@@ -6,8 +6,6 @@ missing-matplotlib paths come out.
 
     python3 tools/test_bench_peers.py        (exit 0: all passed)
 """
-import importlib.machinery
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,17 +14,10 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "bench-peers")
+sys.path.insert(0, HERE)
+from tool_module import load_tool  # noqa: E402
 
-
-def load_module():
-    loader = importlib.machinery.SourceFileLoader("bench_peers", SCRIPT)
-    spec = importlib.util.spec_from_loader("bench_peers", loader)
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-bp = load_module()
+bp = load_tool("bench-peers")
 
 
 def kv_row(name, n_kv, hd, gqa, keys, us, window=None, floor=None, queries=None):
