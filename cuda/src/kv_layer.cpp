@@ -18,11 +18,11 @@
 
 #include "append_kernel.hpp"
 #include "counters.hpp"
-#include "kvlayer/cuda/runtime.hpp"
 #include "decode/decode.hpp"
 #include "device_status.cuh"
-#include "kvlayer/error.hpp"
 #include "kvlayer/accuracy.hpp"
+#include "kvlayer/cuda/runtime.hpp"
+#include "kvlayer/error.hpp"
 #include "mutants.hpp"
 #include "plane_layout.hpp"
 #include "rebase.hpp"
@@ -31,9 +31,9 @@
 namespace kvlayer::cuda {
 namespace {
 
+using cuda::DeviceBuffer;
 using detail::AppendArgs;
 using detail::AppendMode;
-using cuda::DeviceBuffer;
 using detail::DeviceStatus;
 using detail::Placement;
 
@@ -45,11 +45,11 @@ static_assert(kPlaneTailBytes == detail::kPlaneTailBytes);
 void check_supported(const Geometry& g, int n_q_heads, int max_verify) {
   if (g.head_dim_k != g.head_dim_v)
     refuse(kCtor, "head_dim_k ", g.head_dim_k, " != head_dim_v ", g.head_dim_v,
-           ": the CUDA layer supports equal K and V head dims (supported: ",
-           supported_head_dims(), ")");
+           ": the CUDA layer supports equal K and V head dims (supported: ", supported_head_dims(),
+           ")");
   if (!head_dim_supported(g.head_dim_k))
-    refuse(kCtor, "head_dim ", g.head_dim_k, " is not supported (supported: ",
-           supported_head_dims(), ")");
+    refuse(kCtor, "head_dim ", g.head_dim_k,
+           " is not supported (supported: ", supported_head_dims(), ")");
   if (n_q_heads < 1 || n_q_heads % g.n_kv_heads != 0)
     refuse(kCtor, "n_q_heads ", n_q_heads, " must be a positive multiple of n_kv_heads ",
            g.n_kv_heads);
@@ -452,8 +452,7 @@ void KvLayer::decode_rows(const float* q, float* out, int T, std::optional<float
   s.check_verify_count(T, "decode_rows");
   if (s.len < T) refuse("decode_rows", "len ", s.len, " is less than T ", T);
   const std::int64_t first_end = s.len - T + 1;  // query 0's view end
-  const std::int64_t begin =
-      s.g.window ? std::max<std::int64_t>(0, first_end - *s.g.window) : 0;
+  const std::int64_t begin = s.g.window ? std::max<std::int64_t>(0, first_end - *s.g.window) : 0;
   if (begin < s.base)
     refuse("decode_rows", "the view of query 0 starts at logical row ", begin, ", below base ",
            s.base, " (not resident)");
@@ -556,7 +555,13 @@ std::int64_t KvLayer::read_base_d() const {
 
 DecodePlanInfo KvLayer::decode_plan() const {
   const auto& p = s_->decode_plan;
-  return DecodePlanInfo{p.max_view_keys, p.n_splits, p.max_keys_per_split, p.scratch_bytes};
+  const detail::SplitChoice choice = detail::select_split_kernel(p, 0);
+  return DecodePlanInfo{p.max_view_keys,
+                        p.n_splits,
+                        p.max_keys_per_split,
+                        p.scratch_bytes,
+                        detail::split_kernel_name(choice.kernel),
+                        choice.rows};
 }
 
 kvlayer::AccumulationShape KvLayer::accumulation_shape() const {

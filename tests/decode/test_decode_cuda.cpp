@@ -51,6 +51,7 @@ double expect_within(const std::vector<float>& got, const std::vector<double>& w
 struct DecodeCase {
   Geometry g;
   int gqa;
+  int rows_per_block = 0;  ///< the plan's, checked where nonzero
 };
 
 std::vector<DecodeCase> decode_cases() {
@@ -61,6 +62,12 @@ std::vector<DecodeCase> decode_cases() {
       out.push_back({flat(2, hd, 150, 77), gqa});
       out.push_back({ring(2, hd, 2000, 61, 16, 4), gqa});  // rows = 61 + 16 + 4 + 31 = 112
     }
+  }
+  // gqa > 8 splits a KV head's rows over two blocks of 8 where its splits leave slots empty
+  // (every case above); enough KV heads keep one block of 16 rows.
+  for (int hd : {128, 256}) {
+    out.push_back({flat(2, hd, 173), 12, 8});
+    out.push_back({flat(48, hd, 300), 16, 16});
   }
   return out;
 }
@@ -120,6 +127,7 @@ TEST(CudaDecode, MatchesReferenceWithinDerivedTolerance) {
     const Geometry& g = c.g;
     SCOPED_TRACE(g.describe() + " gqa " + std::to_string(c.gqa));
     cuda::KvLayer gpu(g, g.n_kv_heads * c.gqa, stream.get());
+    if (c.rows_per_block != 0) ASSERT_EQ(gpu.decode_plan().rows_per_block, c.rows_per_block);
     ref::KvLayer ref(g);
     double worst = 0;
     check_decode_here(gpu, ref, rng, stream.get(), worst);  // empty view: zeros
@@ -156,9 +164,10 @@ TEST(CudaDecode, MatchesReferenceWithinDerivedTolerance) {
       check_decode_here(gpu, ref, rng, stream.get(), worst);
     }
     ASSERT_TRUE(same_state(gpu, ref));
-    std::printf("  %s gqa %d: worst |error|/bound %.3g, %d splits of <= %lld keys\n",
-                g.describe().c_str(), c.gqa, worst, gpu.decode_plan().n_splits,
-                static_cast<long long>(gpu.decode_plan().max_keys_per_split));
+    const cuda::DecodePlanInfo plan = gpu.decode_plan();
+    std::printf("  %s gqa %d: worst |error|/bound %.3g, %d splits of <= %lld keys, %s by %d rows\n",
+                g.describe().c_str(), c.gqa, worst, plan.n_splits,
+                static_cast<long long>(plan.max_keys_per_split), plan.kernel, plan.rows_per_block);
   }
 }
 

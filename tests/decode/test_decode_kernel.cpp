@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <string>
 #include <utility>
@@ -83,17 +85,37 @@ TEST(DecodePlan, MmaPlanFillsTheGpu) {
   EXPECT_EQ(p.n_splits, 49);              // 3 blocks per SM at D 128, gqa 8: 392 ≤ 396
   EXPECT_EQ(p.max_keys_per_split, 2688);  // ceil(131072 / 49) = 2675 → whole 64-key tiles
   EXPECT_EQ(p.max_rescales, 2688 / 64 + 1);
-  // Never a second wave: every (KV head, split) block is resident at once.
+  // Never a second wave: every (KV head, split, row block) block is resident at once.
   for (const int n_kv : {1, 3, 8, 32})
     for (const int d : {64, 128, 256})
-      for (const int gqa : {4, 16}) {
+      for (const int gqa : {4, 9, 16}) {
         const auto q = plan_decode(n_kv, d, gqa, 131072, 132, DecodeKernel::mma);
-        EXPECT_LE(q.n_splits * n_kv, cuda::detail::decode_mma_blocks_per_sm(d, gqa) * 132)
+        const int rows = cuda::detail::select_split_kernel(q, 0).rows;
+        EXPECT_LE(q.n_splits * n_kv * cuda::detail::row_chunks(q, 0),
+                  cuda::detail::decode_mma_blocks_per_sm(d, rows) * 132)
             << n_kv << " KV heads, D " << d << ", gqa " << gqa;
       }
-  EXPECT_EQ(plan_decode(8, 64, 8, 131072, 132, DecodeKernel::mma).n_splits, 66);    // 4 per SM
-  EXPECT_EQ(plan_decode(8, 256, 8, 131072, 132, DecodeKernel::mma).n_splits, 33);   // 2 per SM
-  EXPECT_EQ(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).n_splits, 33);  // 2 per SM
+  EXPECT_EQ(plan_decode(8, 64, 8, 131072, 132, DecodeKernel::mma).n_splits, 66);   // 4 per SM
+  EXPECT_EQ(plan_decode(8, 256, 8, 131072, 132, DecodeKernel::mma).n_splits, 33);  // 2 per SM
+  // gqa > 8: 16 rows per block (2 per SM) where the splits fill 3/4 of those slots, else two
+  // blocks of ≤ 8 rows (3 per SM at head dim 128).
+  const auto g8 = plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma);  // 8 × 33 of 264
+  EXPECT_FALSE(g8.split_rows);
+  EXPECT_EQ(cuda::detail::row_chunks(g8, 0), 1);
+  EXPECT_EQ(g8.n_splits, 33);
+  const auto g1 = plan_decode(1, 128, 16, 131072, 132, DecodeKernel::mma);  // 171 of 264
+  EXPECT_TRUE(g1.split_rows);
+  EXPECT_EQ(cuda::detail::row_chunks(g1, 0), 2);
+  EXPECT_EQ(g1.n_splits, 171);  // the longest view fills ⌈131072 / 768⌉ (2·362 → 768 keys)
+  const auto g9 = plan_decode(1, 128, 9, 131072, 132, DecodeKernel::mma);
+  EXPECT_EQ(cuda::detail::row_chunks(g9, 0), 2);  // 5 + 4 rows
+  EXPECT_EQ(cuda::detail::row_chunks(plan_decode(1, 256, 16, 131072, 132, DecodeKernel::mma), 0),
+            2);
+  EXPECT_EQ(cuda::detail::row_chunks(plan_decode(2, 256, 16, 131072, 132, DecodeKernel::mma), 0),
+            1);  // 2 × 171 of 264
+  EXPECT_EQ(cuda::detail::row_chunks(plan_decode(1, 64, 16, 131072, 132, DecodeKernel::mma), 0),
+            1);  // the staged kernel's 16 rows
+  EXPECT_EQ(plan_decode(1, 128, 16, 1 << 20, 132, DecodeKernel::mma).split_rows, false);
 }
 
 // The one chooser: every shape gets exactly the kernel and compile-time shape the launchers hold.
@@ -153,10 +175,10 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
 TEST(DecodePlan, VerifyRowBlocksAndShape) {
   auto p = plan_decode(8, 128, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(p, 16, 131072, 132);
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 1), 1);
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 2), 1);   // 16 rows, one row group
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 8), 1);   // 64 rows, four row groups
-  EXPECT_EQ(cuda::detail::verify_row_chunks(p, 16), 2);  // 128 rows
+  EXPECT_EQ(cuda::detail::row_chunks(p, 1), 1);
+  EXPECT_EQ(cuda::detail::row_chunks(p, 2), 1);   // 16 rows, one row group
+  EXPECT_EQ(cuda::detail::row_chunks(p, 8), 1);   // 64 rows, four row groups
+  EXPECT_EQ(cuda::detail::row_chunks(p, 16), 2);  // 128 rows
   EXPECT_EQ(cuda::detail::verify_splits(p, 1), p.n_splits);
   const int blocks = cuda::detail::kVerifyBlocksPerSm * 132;  // the verify kernel's wave
   EXPECT_EQ(cuda::detail::verify_splits(p, 8), blocks / 8);
@@ -179,14 +201,14 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   // tile in one softmax step.
   auto q = plan_decode(4, 256, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(q, 16, 131072, 132);
-  EXPECT_EQ(cuda::detail::verify_row_chunks(q, 8), 2);
+  EXPECT_EQ(cuda::detail::row_chunks(q, 8), 2);
   const kvlayer::AccumulationShape q8 = cuda::detail::verify_accumulation_shape(q, 8);
   EXPECT_EQ(q8.pv_mma_steps, q8.max_keys_per_split / 32 * 2);
   EXPECT_EQ(q8.rescales, q8.max_keys_per_split / 32 + 1);
   // The staged verify (head dim 64): 16 rows per block, every 4th 16-key tile per warp.
   auto r = plan_decode(4, 64, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(r, 16, 131072, 132);
-  EXPECT_EQ(cuda::detail::verify_row_chunks(r, 8), 4);
+  EXPECT_EQ(cuda::detail::row_chunks(r, 8), 4);
   const kvlayer::AccumulationShape r8 = cuda::detail::verify_accumulation_shape(r, 8);
   EXPECT_EQ(r8.pv_mma_steps, r8.max_keys_per_split / 64);
   EXPECT_EQ(r8.rescales, r8.pv_mma_steps + 1);
@@ -196,18 +218,35 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
 // shared memory, carveout), the grid runs in two waves and the decode takes about twice as long.
 TEST(DecodePlan, MmaBlocksPerSmAreResident) {
   KVLAYER_REQUIRE_GPU();
-  for (const int d : {64, 128, 256})
-    for (const int gqa : {8, 16}) {
-      int blocks = 0;
-      ASSERT_EQ(cuda::detail::mma_split_resident_blocks(d, gqa, &blocks), cudaSuccess);
-      EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, gqa))
-          << "D " << d << " gqa " << gqa;
-    }
+  // One KV head at gqa 16 splits its rows (8 per block); eight do not (16 per block).
+  for (const int n_kv : {1, 8})
+    for (const int d : {64, 128, 256})
+      for (const int gqa : {8, 16}) {
+        const auto plan = plan_decode(n_kv, d, gqa, 131072, 132, cuda::detail::DecodeKernel::mma);
+        const int rows = cuda::detail::select_split_kernel(plan, 0).rows;
+        int blocks = 0;
+        ASSERT_EQ(cuda::detail::mma_split_resident_blocks(plan, &blocks), cudaSuccess);
+        EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, rows))
+            << n_kv << " KV heads, D " << d << " gqa " << gqa << " rows " << rows;
+      }
   for (const auto& [d, rows] : {std::pair{128, 16}, {128, 32}, {128, 64}, {256, 16}, {256, 32}}) {
     int blocks = 0;
     ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(d, rows, &blocks), cudaSuccess);
     EXPECT_GE(blocks, cuda::detail::kVerifyBlocksPerSm) << "verify D " << d << " rows " << rows;
   }
+}
+
+// isqrt starts from the f32 root and corrects it in integers: exact where f32 rounds n the
+// most (next to squares) up to the largest view.
+TEST(DecodePlan, IntegerSquareRootIsExact) {
+  for (std::uint64_t k = 0; k <= 46341; ++k)
+    for (const std::int64_t dn :
+         {std::int64_t(-1), std::int64_t(0), std::int64_t(1), std::int64_t(k)}) {
+      const std::int64_t n = std::int64_t(k * k) + dn;
+      if (n < 0 || n > std::numeric_limits<std::int32_t>::max()) continue;
+      const std::uint64_t r = cuda::detail::isqrt(std::uint32_t(n));
+      ASSERT_TRUE(r * r <= std::uint64_t(n) && (r + 1) * (r + 1) > std::uint64_t(n)) << n;
+    }
 }
 
 TEST(DecodePlan, PartitionCoversEveryViewExactly) {

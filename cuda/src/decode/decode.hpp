@@ -28,8 +28,8 @@ enum class DecodeKernel {
 /// Every split kernel of the decode (all write the same partials; one merge, merge.cu).
 enum class SplitKernel {
   cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
-  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, 256 with gqa ≤ 8
-  mma_staged,  ///< decode_mma.cu: cp.async stages per warp; head dim 64, 256 with gqa > 8
+  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, 256 by 8 rows
+  mma_staged,  ///< decode_mma.cu: cp.async stages per warp; head dim 64, 256 by 16 rows
   mma_verify,  ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dims 128, 256
   mma_verify_staged,  ///< decode_mma.cu: verify decodes of T ≥ 2, head dim 64
 };
@@ -64,6 +64,9 @@ struct DecodePlan {
   /// decode_keys_per_split's balance: splits of at least split_balance·√n keys for a view of n
   /// (kDecodeSplitBalance), so a short view takes fewer splits than the grid holds.
   int split_balance = 0;
+  /// gqa > 8: the query rows of a KV head run in two blocks of ≤ 8 rows (row_chunks) instead of
+  /// one of 16, where one block per (KV head, split) would leave a quarter of the slots empty.
+  bool split_rows = false;
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
   std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split
   DecodeKernel kernel = DecodeKernel::cuda_core;
@@ -95,9 +98,9 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
                  int multiprocessor_count);
 
-/// Row blocks of a verify decode of T queries (blockIdx.z): select_split_kernel's rows per
-/// block each, one when all T·gqa rows fit one block (T = 1: the decode's grid).
-int verify_row_chunks(const DecodePlan& plan, int T);
+/// Row blocks per KV head (blockIdx.z) of a decode (T ≤ 1) or a verify decode of T queries:
+/// its gqa or T·gqa query rows in blocks of select_split_kernel's rows, one when they fit one.
+int row_chunks(const DecodePlan& plan, int T);
 
 /// Splits along the keys of a verify decode of T queries.
 int verify_splits(const DecodePlan& plan, int T);
@@ -130,10 +133,11 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 /// affects only layers constructed later. Throws kvlayer::Error (refused) for any other value.
 DecodeKernel default_decode_kernel();
 
-/// Blocks of the tensor-core split kernel for (head_dim, gqa) that one multiprocessor of the
-/// current device holds at once (CUDA occupancy API, with the launch's attributes applied).
-/// The plan sizes its grid for decode_mma_blocks_per_sm(head_dim, gqa) of them.
-cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks);
+/// Blocks of the tensor-core split kernel a decode of `plan` runs (select_split_kernel) that one
+/// multiprocessor of the current device holds at once (CUDA occupancy API, with the launch's
+/// attributes applied). The plan sizes its grid for decode_mma_blocks_per_sm(head_dim, rows).
+/// cudaErrorInvalidValue for a cuda_core plan.
+cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks);
 
 /// The same for decode_mma_verify.cu's kernel for head_dim (128, 256) and `rows` query rows
 /// per block (select_split_kernel's); plan_verify sizes its grid for kVerifyBlocksPerSm.

@@ -238,18 +238,20 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   }
   const long long n = view.end - view.begin;
   if (n <= 0) return r;  // the merge writes the all-zero output
-  const long long kps = decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance);
-  const long long active = (n + kps - 1) / kps;  // ≤ n_splits (the plan's bound)
-  const long long index = blockIdx.x + (long long)gridDim.x * blockIdx.y;
+  // 32-bit: n ≤ 2^31 − 1 (the view checks), and 64-bit divisions sit on the critical path.
+  const auto kps =
+      static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance));
+  const unsigned active = (static_cast<unsigned>(n) + kps - 1) / kps;  // ≤ n_splits
+  const unsigned index = blockIdx.x + gridDim.x * blockIdx.y;
   if (index >= active * gridDim.y) return r;  // not needed by this view
   r.kv = static_cast<int>(index / active);
-  const long long split = index % active;
+  const unsigned split = index % active;
   const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, rows, head_dim);
   const long long part = (long long)r.kv * p.n_splits + split;  // partial index
   r.o = scratch.o + (part * rows + r.row0) * head_dim;
   r.m = scratch.m + part * rows + r.row0;
   r.l = scratch.l + part * rows + r.row0;
-  r.lo = view.begin + split * kps;
+  r.lo = view.begin + (long long)split * kps;
   r.hi = split_end(r.lo, kps, view.end, site);
   r.base = view.base;
   r.len = view.end;

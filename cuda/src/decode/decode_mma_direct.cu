@@ -173,12 +173,14 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   const int G = p.gqa;
 
   // ---- q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b % 4, reg ks,
-  // h j) of block b (slice b / 4) of query head 8·n + g (zero for heads ≥ gqa). ----
+  // h j) of block b (slice b / 4) of the block's query row 8·n + g, head row0 + 8·n + g of the
+  // KV head (zero for rows ≥ nrows). ----
+  const int rows = range.nrows;
   unsigned qb[kNT][kBlocks][2][2];
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {
     const int head = 8 * n + g;
-    const float* q_head = p.q + ((long long)kv * G + head) * kD;
+    const float* q_head = p.q + ((long long)kv * G + range.row0 + head) * kD;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b)
 #pragma unroll
@@ -187,8 +189,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
         for (int j = 0; j < 2; ++j) {
           const int quant = 32 * b + k_pair_quant(b % kSliceBlocks, ks, j, t);
           constexpr MutantSite kSite = MutantSite::decode_mma_direct;
-          const float x0 = head < G ? q_operand(q_head[quant], p.scale, kSite) : 0.0f;
-          const float x1 = head < G ? q_operand(q_head[quant + 1], p.scale, kSite) : 0.0f;
+          const float x0 = head < rows ? q_operand(q_head[quant], p.scale, kSite) : 0.0f;
+          const float x1 = head < rows ? q_operand(q_head[quant + 1], p.scale, kSite) : 0.0f;
           qb[n][b][ks][j] = pack_f16x2(x0, x1);
         }
   }

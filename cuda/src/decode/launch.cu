@@ -65,7 +65,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        a.scratch,
                        a.status};
   const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(plan.n_kv_heads),
-                  static_cast<unsigned>(verify ? verify_row_chunks(plan, T) : 1));
+                  static_cast<unsigned>(row_chunks(plan, T)));
   cudaError_t err = cudaSuccess;
   switch (choice.kernel) {
     case SplitKernel::cuda_core:
@@ -93,15 +93,13 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   return launch_merge(mp, stream);
 }
 
-cudaError_t mma_split_resident_blocks(int head_dim, int gqa, int* blocks) {
-  DecodePlan plan;
-  plan.head_dim = head_dim;
-  plan.gqa = gqa;
-  plan.kernel = DecodeKernel::mma;
+cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks) {
   const SplitChoice choice = select_split_kernel(plan, 0);
   if (choice.kernel == SplitKernel::mma_direct)
-    return split_mma_direct_resident_blocks(head_dim, choice.rows, blocks);
-  return split_mma_staged_resident_blocks(head_dim, choice.rows, blocks);
+    return split_mma_direct_resident_blocks(plan.head_dim, choice.rows, blocks);
+  if (choice.kernel == SplitKernel::mma_staged)
+    return split_mma_staged_resident_blocks(plan.head_dim, choice.rows, blocks);
+  return cudaErrorInvalidValue;  // not a tensor-core decode plan
 }
 
 cudaError_t mma_verify_resident_blocks(int head_dim, int rows, int* blocks) {

@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   // The view first: the split grid does not write len_d or base_d (the work before it on the
   // stream, which does, has completed), so their round trip overlaps the split grid's tail.
   const View view = resolve_view(p.view, MutantSite::decode_merge);
-  wait_for_split_grid();  // launched as a programmatic dependent of the split grid
+  wait_for_split_grid();   // launched as a programmatic dependent of the split grid
   if (view.error) return;  // the split kernel recorded it
   const int D = p.head_dim;
   const int rows = query_rows(p.view.queries, p.gqa);
@@ -50,8 +50,9 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
     if (tid < kMergeCols) p.out[out_row * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
     return;
   }
-  const long long kps = decode_keys_per_split(n, p.n_splits, p.tile_keys, p.split_balance);
-  const int active = static_cast<int>((n + kps - 1) / kps);
+  const auto kps =
+      static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, p.tile_keys, p.split_balance));
+  const int active = static_cast<int>((static_cast<unsigned>(n) + kps - 1) / kps);  // 32-bit
   const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, rows, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
 

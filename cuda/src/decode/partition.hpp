@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace kvlayer::cuda::detail {
@@ -21,13 +22,14 @@ inline constexpr int kDecodeMmaWarps = 4;
 inline constexpr int kDecodeMmaWarpKeys = 16;
 inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 
-/// Resident tensor-core split blocks per multiprocessor (shared memory and the register cap of
-/// its __launch_bounds__). decode_mma_direct.cu: head dim 128, gqa ≤ 8: 3 (two tiles of operands
-/// in registers at 168 registers per thread); gqa > 8: 2 (a second n-tile doubles q̃ and the
-/// accumulators); head dim 256, gqa ≤ 8: 2 (two slices of operands). decode_mma.cu: head dim
-/// 256, gqa > 8: 2 (96 KB of stages); head dim 64: 4.
-__host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int gqa) {
-  return head_dim == 256 ? 2 : (head_dim == 128 ? (gqa <= 8 ? 3 : 2) : 4);
+/// Resident tensor-core split blocks per multiprocessor for a kernel of `rows` mma rows per block
+/// (select_split_kernel's; shared memory and the register cap of its __launch_bounds__).
+/// decode_mma_direct.cu: head dim 128, 8 rows: 3 (two tiles of operands in registers at 168
+/// registers per thread); 16 rows: 2 (a second n-tile doubles q̃ and the accumulators); head dim
+/// 256, 8 rows: 2 (two slices of operands). decode_mma.cu: head dim 256, 16 rows: 2 (96 KB of
+/// stages); head dim 64: 4.
+__host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int rows) {
+  return head_dim == 256 ? 2 : (head_dim == 128 ? (rows <= 8 ? 3 : 2) : 4);
 }
 
 /// Query rows of a verify decode (SPEC §11) one staged verify block holds (decode_mma.cu).
@@ -80,11 +82,16 @@ __host__ __device__ constexpr int decode_tile_keys(int head_dim) {
   return kDecodeThreads / (head_dim / 32);
 }
 
-/// ⌊√n⌋ for 0 ≤ n < 2^32, in integers (host and device agree bit for bit).
-__host__ __device__ constexpr std::int64_t isqrt(std::int64_t n) {
-  std::int64_t r = 0;
-  for (std::int64_t bit = std::int64_t(1) << 15; bit > 0; bit >>= 1)
-    if ((r + bit) * (r + bit) <= n) r += bit;
+/// ⌊√n⌋ for n < 2^32: the f32 root is within one of it (f32 keeps 24 bits of n), and the
+/// integer correction makes it exact, so that host and device agree bit for bit.
+/// NOTE: on the split and merge kernels' critical path before their first load: a bitwise
+/// 64-bit loop here cost ~1.1 µs per decode (bench/NOTES.md, session 12).
+__host__ __device__ inline std::uint32_t isqrt(std::uint32_t n) {
+  std::uint32_t r = static_cast<std::uint32_t>(sqrtf(static_cast<float>(n)));
+  if (std::uint64_t(r) * r > n)
+    --r;
+  else if (std::uint64_t(r + 1) * (r + 1) <= n)
+    ++r;
   return r;
 }
 
@@ -98,12 +105,17 @@ inline constexpr int kDecodeSplitBalance = 2;
 /// (balance 0: no floor), rounded up to a whole tile.
 /// NOTE: depends only on the view length and the geometry (SPEC §8 determinism), and never
 /// falls as n grows, so the longest view bounds every launch's splits.
-__host__ __device__ constexpr std::int64_t decode_keys_per_split(std::int64_t n, int n_splits,
-                                                                 int tile_keys, int balance) {
-  const std::int64_t per = (n + n_splits - 1) / n_splits;
-  const std::int64_t floor = balance * isqrt(n);
-  const std::int64_t keys = per > floor ? per : floor;
-  return (keys + tile_keys - 1) / tile_keys * tile_keys;
+/// NOTE: 32-bit arithmetic (views hold at most 2^31 − 1 keys, plan_decode's bound): 64-bit
+/// divisions are long subroutines on the device, on the kernels' critical path.
+__host__ __device__ inline std::int64_t decode_keys_per_split(std::int64_t n, int n_splits,
+                                                              int tile_keys, int balance) {
+  const auto m = static_cast<std::uint32_t>(n);
+  const auto splits = static_cast<std::uint32_t>(n_splits);
+  const auto tile = static_cast<std::uint32_t>(tile_keys);
+  const std::uint32_t per = (m + splits - 1) / splits;  // < 2^32 for n_splits ≤ 2^31
+  const std::uint32_t floor = static_cast<std::uint32_t>(balance) * isqrt(m);
+  const std::uint32_t keys = per > floor ? per : floor;
+  return (keys + tile - 1) / tile * tile;
 }
 
 }  // namespace kvlayer::cuda::detail

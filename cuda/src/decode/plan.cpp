@@ -56,23 +56,35 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   p.kernel = kernel;
   const bool mma = kernel == DecodeKernel::mma;
   p.tile_keys = mma ? kDecodeMmaTileKeys : decode_tile_keys(head_dim);
-  // Enough (KV head, split) blocks to fill every SM at the longest view (as many as stay
-  // resident), but no split shorter than one tile (it would only add merge work) and no more
-  // than the merge holds.
-  const int per_sm = mma ? decode_mma_blocks_per_sm(head_dim, gqa) : kDecodeBlocksPerSm;
-  const std::int64_t target = std::int64_t(per_sm) * multiprocessor_count;
-  const std::int64_t max_tiles = (max_view_keys + p.tile_keys - 1) / p.tile_keys;
-  // NOTE: rounded down: one block more than the resident slots would start a second wave that
-  // runs a whole split's time alone (8 × 128 at 3 per SM: 50 splits = 400 blocks > 396).
-  std::int64_t splits = target / n_kv_heads;
   p.split_balance = split_balance;
-  if (const char* env = std::getenv("KVLAYER_SPLIT_BALANCE")) p.split_balance = std::atoi(env);
-  // No more splits than the longest view fills (a shorter view leaves some of them empty).
+  if (const char* env = std::getenv("KVLAYER_SPLIT_BALANCE")) {
+    p.split_balance = std::atoi(env);
+    if (p.split_balance < 0 || p.split_balance > 64)
+      refuse(op, "KVLAYER_SPLIT_BALANCE=", env, " is outside [0, 64]");
+  }
+  // No more splits than the longest view fills (a shorter view leaves some of them empty), and
+  // none shorter than one tile (it would only add merge work).
   const std::int64_t longest =
       decode_keys_per_split(max_view_keys, 1 << 30, p.tile_keys, p.split_balance);
-  const std::int64_t max_splits = (max_view_keys + longest - 1) / longest;
-  splits = std::clamp<std::int64_t>(
-      splits, 1, std::min({max_tiles, max_splits, std::int64_t(kDecodeMaxSplits)}));
+  const std::int64_t max_splits =
+      std::min({(max_view_keys + longest - 1) / longest,
+                (max_view_keys + p.tile_keys - 1) / p.tile_keys, std::int64_t(kDecodeMaxSplits)});
+  // gqa > 8 on tensor cores: one 16-row block per (KV head, split) at 2 per SM, unless the
+  // longest view's splits fill less than 3/4 of those resident slots; then two blocks of ≤ 8
+  // rows (row_chunks), at 3 per SM at head dim 128, the second reading the keys from L2.
+  // Measured (bench/NOTES.md, session 12): 1 × 128 gqa 16 (16 to 171 of 264 slots) −1.2 µs at
+  // 1K to −0.7 µs at 128K; 8 × 128 gqa 16 at 4K (256 of 264) +0.5 µs, at 128K +34%.
+  const std::int64_t slots =
+      std::int64_t(decode_mma_blocks_per_sm(head_dim, 16)) * multiprocessor_count;
+  p.split_rows = mma && gqa > 8 && head_dim != 64 && 4 * n_kv_heads * max_splits < 3 * slots;
+  // Enough (KV head, split, row block) blocks to fill every SM at the longest view (as many as
+  // stay resident).
+  const SplitChoice choice = select_split_kernel(p, 0);
+  const int per_sm = mma ? decode_mma_blocks_per_sm(head_dim, choice.rows) : kDecodeBlocksPerSm;
+  const std::int64_t target = std::int64_t(per_sm) * multiprocessor_count / row_chunks(p, 0);
+  // NOTE: rounded down: one block more than the resident slots would start a second wave that
+  // runs a whole split's time alone (8 × 128 at 3 per SM: 50 splits = 400 blocks > 396).
+  const std::int64_t splits = std::clamp<std::int64_t>(target / n_kv_heads, 1, max_splits);
   p.n_splits = int(splits);
   // keys_per_split grows with the view length, so the longest view bounds every launch.
   p.max_keys_per_split =
@@ -100,10 +112,13 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
   // Resident blocks of the kernel select_split_kernel names: for T ≥ 2 the verify kernel, for
   // T = 1 the decode's.
   const std::int64_t sms = std::max(multiprocessor_count, 1);
-  const int per_sm =
-      plan.head_dim == 64 ? decode_mma_blocks_per_sm(plan.head_dim, 16) : kVerifyBlocksPerSm;
+  const int per_sm = plan.head_dim == 64
+                         ? decode_mma_blocks_per_sm(plan.head_dim, kVerifyRowsPerBlock)
+                         : kVerifyBlocksPerSm;
   plan.verify_blocks = std::int64_t(per_sm) * sms;
-  plan.verify_decode_blocks = std::int64_t(decode_mma_blocks_per_sm(plan.head_dim, plan.gqa)) * sms;
+  const int decode_rows = select_split_kernel(plan, 1).rows;
+  plan.verify_decode_blocks =
+      std::int64_t(decode_mma_blocks_per_sm(plan.head_dim, decode_rows)) * sms;
   for (int t = 1; t <= max_verify; ++t) {
     const std::size_t rows = std::size_t(t) * std::size_t(plan.gqa);
     const std::size_t bytes = std::size_t(plan.n_kv_heads) * std::size_t(verify_splits(plan, t)) *
@@ -112,10 +127,10 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
   }
 }
 
-int verify_row_chunks(const DecodePlan& plan, int T) {
-  if (T <= 1) return 1;
+int row_chunks(const DecodePlan& plan, int T) {
+  const int rows = T > 1 ? T * plan.gqa : plan.gqa;
   const int per_block = select_split_kernel(plan, T).rows;
-  return (T * plan.gqa + per_block - 1) / per_block;
+  return (rows + per_block - 1) / per_block;
 }
 
 int verify_splits(const DecodePlan& plan, int T) {
@@ -124,7 +139,7 @@ int verify_splits(const DecodePlan& plan, int T) {
   const std::int64_t max_tiles =
       (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
   const std::int64_t blocks = T <= 1 ? plan.verify_decode_blocks : plan.verify_blocks;
-  const std::int64_t splits = blocks / (std::int64_t(plan.n_kv_heads) * verify_row_chunks(plan, T));
+  const std::int64_t splits = blocks / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
   return int(
       std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits)));
 }
@@ -141,9 +156,10 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
     while (rows < plan.gqa) rows *= 2;
     return {SplitKernel::cuda_core, rows};
   }
-  if (plan.head_dim == 128) return {SplitKernel::mma_direct, plan.gqa <= 8 ? 8 : 16};
-  if (plan.head_dim == 256 && plan.gqa <= 8) return {SplitKernel::mma_direct, 8};
-  return {SplitKernel::mma_staged, plan.gqa <= 8 ? 8 : 16};
+  const int rows = plan.gqa <= 8 || plan.split_rows ? 8 : 16;
+  if (plan.head_dim == 128 || (plan.head_dim == 256 && rows == 8))
+    return {SplitKernel::mma_direct, rows};
+  return {SplitKernel::mma_staged, rows};
 }
 
 const char* split_kernel_name(SplitKernel kernel) {

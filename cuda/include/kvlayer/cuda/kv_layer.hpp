@@ -37,9 +37,9 @@
 #include <utility>
 #include <vector>
 
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/dtype.hpp"
 #include "kvlayer/geometry.hpp"
-#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/status.hpp"
 
 namespace kvlayer {
@@ -65,6 +65,8 @@ struct DecodePlanInfo {
   int n_splits = 0;                     ///< thread blocks per KV head along the keys
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation
   std::size_t scratch_bytes = 0;        ///< split scratch, allocated once
+  const char* kernel = "";              ///< the split kernel a decode runs ("mma_direct", …)
+  int rows_per_block = 0;  ///< query rows per split block (a KV head's gqa rows in ≥ 1 blocks)
 };
 
 /// Bytes allocated past the last row of each plane, zeroed at construction and never written
@@ -181,8 +183,7 @@ class KvLayer {
   /// Device-counter verify over L = len_d. Flat, window-less layers only. Capturable (T fixed
   /// at capture). Where the host variant would refuse (len_d < T, past max_ctx) it writes
   /// nothing and records decode_view_too_long.
-  void decode_rows_dc(const float* q, float* out, int T,
-                      std::optional<float> scale = std::nullopt);
+  void decode_rows_dc(const float* q, float* out, int T, std::optional<float> scale = std::nullopt);
   /// Device-counter verify over L = len_d at physical key − base_d. Windowed layers only.
   /// Capturable. A first view outside the resident rows writes nothing and records
   /// decode_view_too_long.
