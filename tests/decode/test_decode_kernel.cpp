@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
@@ -263,6 +264,32 @@ TEST(DecodePlan, PartitionCoversEveryViewExactly) {
         ASSERT_LT((active - 1) * kps, n);
       }
     }
+}
+
+// KVLAYER_DECODE_ROWS forces the gqa > 8 row choice (the campaign proves both kernels with it)
+// and refuses anything but auto, split and whole, naming the value.
+TEST(DecodePlan, DecodeRowsFromTheEnvironment) {
+  using cuda::detail::DecodeKernel;
+  struct Restore {
+    ~Restore() { ::unsetenv("KVLAYER_DECODE_ROWS"); }
+  } restore;
+  ::setenv("KVLAYER_DECODE_ROWS", "whole", 1);
+  EXPECT_FALSE(plan_decode(1, 128, 16, 131072, 132, DecodeKernel::mma).split_rows);
+  ::setenv("KVLAYER_DECODE_ROWS", "split", 1);
+  EXPECT_TRUE(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).split_rows);
+  EXPECT_FALSE(plan_decode(8, 128, 8, 131072, 132, DecodeKernel::mma).split_rows);  // gqa ≤ 8
+  EXPECT_FALSE(plan_decode(8, 64, 16, 131072, 132, DecodeKernel::mma).split_rows);  // staged
+  ::setenv("KVLAYER_DECODE_ROWS", "auto", 1);
+  EXPECT_TRUE(plan_decode(1, 128, 16, 131072, 132, DecodeKernel::mma).split_rows);
+  ::setenv("KVLAYER_DECODE_ROWS", "halves", 1);
+  try {
+    plan_decode(1, 128, 16, 131072, 132, DecodeKernel::mma);
+    ADD_FAILURE() << "KVLAYER_DECODE_ROWS=halves not refused";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::refused);
+    EXPECT_NE(std::string(e.what()).find("KVLAYER_DECODE_ROWS=halves"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(DecodePlan, RefusesUnsupportedGeometry) {

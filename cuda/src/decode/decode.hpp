@@ -66,6 +66,7 @@ struct DecodePlan {
   int split_balance = 0;
   /// gqa > 8: the query rows of a KV head run in two blocks of ≤ 8 rows (row_chunks) instead of
   /// one of 16, where one block per (KV head, split) would leave a quarter of the slots empty.
+  /// KVLAYER_DECODE_ROWS=split or whole (read at plan time, as KVLAYER_DECODE_KERNEL) forces it.
   bool split_rows = false;
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
   std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split

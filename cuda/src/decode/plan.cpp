@@ -77,6 +77,15 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   const std::int64_t slots =
       std::int64_t(decode_mma_blocks_per_sm(head_dim, 16)) * multiprocessor_count;
   p.split_rows = mma && gqa > 8 && head_dim != 64 && 4 * n_kv_heads * max_splits < 3 * slots;
+  // NOTE: the harness's geometries always split (few KV heads, short views); its campaign runs
+  // part of its processes with KVLAYER_DECODE_ROWS=whole so that the 16-row kernels are proven.
+  if (const char* env = std::getenv("KVLAYER_DECODE_ROWS")) {
+    const std::string_view v(env);
+    if (v == "split" || v == "whole")
+      p.split_rows = mma && gqa > 8 && head_dim != 64 && v == "split";
+    else if (v != "auto")
+      refuse(op, "KVLAYER_DECODE_ROWS=", v, " is not a row choice (supported: auto, split, whole)");
+  }
   // Enough (KV head, split, row block) blocks to fill every SM at the longest view (as many as
   // stay resident).
   const SplitChoice choice = select_split_kernel(p, 0);
