@@ -25,13 +25,13 @@ void Decode::apply(ref::KvLayer&) const {}
 
 std::optional<std::string> Decode::run(Sides& s) const {
   const auto q = s.query(seed);
-  const auto m = attempt([&] { return s.model_decode(variant, q, std::nullopt); });
+  const auto m = attempt([&] { return s.model_decode(variant, q, scale); });
   if (!m.value) ++s.stats().refused;
   std::optional<Sides::Expectation> x;
-  if (m.value) x = s.expect_decode(variant, q, std::nullopt, *m.value);
+  if (m.value) x = s.expect_decode(variant, q, scale, *m.value);
   if (x && x->self_check) return x->self_check;
   if (!s.system()) return std::nullopt;
-  const auto out = attempt([&] { return s.system()->decode(variant, q, std::nullopt); });
+  const auto out = attempt([&] { return s.system()->decode(variant, q, scale); });
   if (auto d = compare_refusal(m, out)) return d;
   if (x) return s.check_decode(*x, *out.value);
   return std::nullopt;

@@ -53,7 +53,7 @@ std::optional<std::string> DraftStep::run(Sides& s) const {
   if (o.diff || !o.accepted) return o.diff;
 
   return s.verify_both(windowed ? DecodeVariant::dcw : DecodeVariant::dc,
-                       s.queries(t, seed ^ 0x9E3779B97F4A7C15ull), t, std::nullopt);
+                       s.queries(t, seed ^ 0x9E3779B97F4A7C15ull), t, scale);
 }
 
 }  // namespace kvlayer::harness

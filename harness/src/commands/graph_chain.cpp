@@ -83,13 +83,13 @@ std::optional<std::string> GraphChain::run(Sides& s) const {
     if (s.dc_append_writes(windowed)) s.remember_rows(rows.back(), at);
     s.model_append_dc(rows.back(), windowed);
     s.model().inc_seqlen();
-    auto out = s.model_decode(variant, queries.back(), std::nullopt);
-    expected.push_back(s.expect_decode(variant, queries.back(), std::nullopt, std::move(out)));
+    auto out = s.model_decode(variant, queries.back(), scale);
+    expected.push_back(s.expect_decode(variant, queries.back(), scale, std::move(out)));
     if (expected.back().self_check && !diff) diff = expected.back().self_check;
   }
   s.stats().graph_replays += steps;
   if (s.system() && !diff) {
-    const auto outputs = s.system()->graph_chain(rows, queries, windowed, std::nullopt);
+    const auto outputs = s.system()->graph_chain(rows, queries, windowed, scale);
     diff = check_replays(s, expected, outputs, s.system()->last_chain_eager());
   }
   const auto m = attempt([&] { s.model().account_steps(steps); });

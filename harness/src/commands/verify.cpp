@@ -27,7 +27,7 @@ void Verify::apply(ref::KvLayer&) const {}
 
 std::optional<std::string> Verify::run(Sides& s) const {
   return s.verify_both(DecodeVariant::host, s.queries(std::clamp<std::int64_t>(t, 0, 1024), seed),
-                       t, std::nullopt);
+                       t, scale);
 }
 
 }  // namespace kvlayer::harness
