@@ -23,7 +23,8 @@ namespace kvlayer::harness {
 namespace {
 
 /// Every passing case also survives its replay file: the same commands come back, and the
-/// same text.
+/// same text. Every drawn decode scale is the default times a factor in (1/2, 2) and not a
+/// power of two (one would hide a scale folded into an fp16 operand).
 RC_GTEST_PROP(ModelReference, RandomSequencesKeepEveryInvariant, ()) {
   PropertyOptions options;
   options.replay_path = "model-reference-failure.json";
@@ -32,6 +33,22 @@ RC_GTEST_PROP(ModelReference, RandomSequencesKeepEveryInvariant, ()) {
     const Case back = from_json(text);
     RC_ASSERT(back.commands == c.commands);
     RC_ASSERT(to_json(back) == text);
+    const double def = 1.0 / std::sqrt(double(c.geometry.head_dim_k));
+    int scaled = 0;
+    for (const Command& command : c.commands) {
+      const auto scale = std::visit(
+          [](const auto& x) -> std::optional<float> {
+            if constexpr (requires { x.scale; }) return x.scale;
+            return std::nullopt;
+          },
+          command);
+      if (!scale) continue;
+      ++scaled;
+      int e = 0;
+      RC_ASSERT(std::frexp(*scale, &e) != 0.5f);
+      RC_ASSERT(*scale > 0.49 * def && *scale < 2.01 * def);
+    }
+    RC_CLASSIFY(scaled > 0, "a decode with a drawn scale");
   };
   model_based_property(options);
 }

@@ -9,7 +9,7 @@ int Decode::weight(const GenView&) {
   return 8;
 }
 
-/// A variant that suits the layer, or one in ten times one that does not.
+/// A variant that suits the layer, or one in ten times one that does not; a scale now and then.
 Decode Decode::gen(const GenView& v, Draw& d) {
   DecodeVariant variant = DecodeVariant::host;
   const int how = d.in_range(0, 10);
@@ -17,7 +17,7 @@ Decode Decode::gen(const GenView& v, Draw& d) {
     variant =
         v.flat_full() ? DecodeVariant::dc : (v.geometry.window ? DecodeVariant::dcw : variant);
   if (how == 9) variant = v.flat_full() ? DecodeVariant::dcw : DecodeVariant::dc;
-  return Decode{variant, d.seed()};
+  return Decode{variant, d.seed(), draw_scale(v, d)};
 }
 
 /// Changes nothing the generator draws by.

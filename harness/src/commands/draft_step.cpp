@@ -22,7 +22,7 @@ DraftStep DraftStep::gen(const GenView& v, Draw& d) {
   if (how == 1) t = top + 1;
   bool windowed = !v.flat_full();
   if (d.in_range(0, 10) == 0) windowed = !windowed;
-  return DraftStep{t, d.seed(), draw_data_kind(d), windowed};
+  return DraftStep{t, d.seed(), draw_data_kind(d), windowed, draw_scale(v, d)};
 }
 
 /// reserve(t), the step, its accounting and an accepted prefix: what an engine's step does.

@@ -16,7 +16,7 @@ int GraphChain::weight(const GenView&) {
 GraphChain GraphChain::gen(const GenView& v, Draw& d) {
   const std::int64_t steps =
       d.in_range64(1, std::max<std::int64_t>(2, std::min<std::int64_t>(24, v.room() + 1)));
-  return GraphChain{steps, d.seed(), !v.flat_full()};
+  return GraphChain{steps, d.seed(), !v.flat_full(), draw_scale(v, d)};
 }
 
 /// reserve(steps) first makes a ring's chain fit (SPEC §7); gen alone draws chains without it,

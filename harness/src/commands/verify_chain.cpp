@@ -17,7 +17,7 @@ int VerifyChain::weight(const GenView&) {
 VerifyChain VerifyChain::gen(const GenView& v, Draw& d) {
   const std::int64_t t = d.in_range64(1, v.twin.max_verify() + 1);
   const std::int64_t rounds = d.in_range64(1, 13);
-  return VerifyChain{rounds, t, d.seed(), !v.flat_full()};
+  return VerifyChain{rounds, t, d.seed(), !v.flat_full(), draw_scale(v, d)};
 }
 
 /// Each round appends t rows and keeps a prefix; the twin keeps them all (an upper bound on
