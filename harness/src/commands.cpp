@@ -1,5 +1,6 @@
 #include "kvlayer/harness/commands.hpp"
 
+#include <charconv>
 #include <optional>
 #include <sstream>
 
@@ -43,6 +44,13 @@ class LineFields {
   void data(DataKind kind) { s_ << " data=" << data_kind_name(kind); }
   void seed(std::uint64_t seed) { seed_ = seed; }
   void flag(const char*, bool v, const char* on, const char* off) { s_ << ' ' << (v ? on : off); }
+  void scale(std::optional<float> v) {
+    if (!v) return;
+    // The shortest text that reads back as the same float: the line names the exact scale.
+    char text[32];
+    const auto r = std::to_chars(text, text + sizeof text, *v);
+    s_ << " scale=" << std::string_view(text, std::size_t(r.ptr - text));
+  }
   void finish() {
     if (seed_) s_ << " seed=" << *seed_;
   }

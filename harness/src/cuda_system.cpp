@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <optional>
 
 #include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/cuda/runtime.hpp"
@@ -55,16 +56,16 @@ class CudaSystem final : public System {
   }
   void inc_seqlen(int t) override { layer_.inc_seqlen(t); }
 
-  std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q,
-                                 int t) override {
+  std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q, int t,
+                                 std::optional<float> scale) override {
     const std::size_t n = std::size_t(std::max(t, 0)) * out_values_.size();
     float* dq = static_cast<float*>(Shared::ensure(shared().q, std::max<std::size_t>(q.size_bytes(), 4)));
     float* dout = poisoned_out(n);
     upload(dq, q.data(), q.size_bytes(), stream());
     switch (variant) {
-      case DecodeVariant::host: layer_.decode_rows(dq, dout, t); break;
-      case DecodeVariant::dc: layer_.decode_rows_dc(dq, dout, t); break;
-      case DecodeVariant::dcw: layer_.decode_rows_dcw(dq, dout, t); break;
+      case DecodeVariant::host: layer_.decode_rows(dq, dout, t, scale); break;
+      case DecodeVariant::dc: layer_.decode_rows_dc(dq, dout, t, scale); break;
+      case DecodeVariant::dcw: layer_.decode_rows_dcw(dq, dout, t, scale); break;
     }
     return download(dout, n);
   }
@@ -72,17 +73,17 @@ class CudaSystem final : public System {
   std::vector<std::vector<float>> verify_chain(const std::vector<HostRows>& drafts,
                                                const std::vector<std::vector<float>>& queries,
                                                const std::vector<std::int64_t>& accepted, int t,
-                                               bool windowed) override {
+                                               bool windowed, std::optional<float> scale) override {
     const std::size_t n = std::size_t(t) * out_values_.size();
-    // Captured per chain: T and the variant are fixed at capture (SPEC §11).
+    // Captured per chain: T, the variant and the scale are fixed at capture (SPEC §11).
     DeviceBuffer k(drafts.front().k_bytes.size()), v(drafts.front().v_bytes.size());
     DeviceBuffer q(queries.front().size() * sizeof(float)), out(n * sizeof(float));
     const cuda::RowsView view{k.get(), v.get(), t, drafts.front().dtype};
     const cuda::Graph graph = capture_graph([&] {
       windowed ? layer_.append_rows_dcw(view) : layer_.append_rows_dc(view);
       layer_.inc_seqlen(t);
-      windowed ? layer_.decode_rows_dcw(q.as<float>(), out.as<float>(), t)
-               : layer_.decode_rows_dc(q.as<float>(), out.as<float>(), t);
+      windowed ? layer_.decode_rows_dcw(q.as<float>(), out.as<float>(), t, scale)
+               : layer_.decode_rows_dc(q.as<float>(), out.as<float>(), t, scale);
     });
     const std::vector<float> poison(n, std::bit_cast<float>(kPoisonBits));
     std::vector<std::vector<float>> outputs;
@@ -109,18 +110,21 @@ class CudaSystem final : public System {
   }
   bool can_rewind_to(std::int64_t p) override { return layer_.can_rewind_to(p); }
 
-  std::vector<float> decode(DecodeVariant variant, std::span<const float> q) override {
+  std::vector<float> decode(DecodeVariant variant, std::span<const float> q,
+                            std::optional<float> scale) override {
     float* dq = static_cast<float*>(Shared::ensure(shared().q, q.size_bytes()));
     float* dout = poisoned_out();
     upload(dq, q.data(), q.size_bytes(), stream());
-    run_decode(variant, dq, dout);
+    run_decode(variant, dq, dout, scale);
     return download(dout);
   }
 
   std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
                                               const std::vector<std::vector<float>>& queries,
-                                              bool windowed) override {
-    if (!captured_ || graph_windowed_ != windowed) capture(rows.front(), queries.front(), windowed);
+                                              bool windowed, std::optional<float> scale) override {
+    // The scale is a kernel argument, baked into the graph: a chain with another one recaptures.
+    if (!captured_ || graph_windowed_ != windowed || graph_scale_ != scale)
+      capture(rows.front(), queries.front(), windowed, scale);
     std::vector<std::vector<float>> outputs;
     eager_.clear();
     for (std::size_t i = 0; i < rows.size(); ++i) {
@@ -133,7 +137,8 @@ class CudaSystem final : public System {
       outputs.push_back(download(chain_out_.as<float>()));
       // The same decode, eagerly, on the state the replay left.
       float* dout = poisoned_out();
-      run_decode(windowed ? DecodeVariant::dcw : DecodeVariant::dc, chain_q_.as<float>(), dout);
+      run_decode(windowed ? DecodeVariant::dcw : DecodeVariant::dc, chain_q_.as<float>(), dout,
+                 scale);
       eager_.push_back(download(dout));
     }
     return outputs;
@@ -201,16 +206,17 @@ class CudaSystem final : public System {
     return host;
   }
 
-  void run_decode(DecodeVariant variant, const float* q, float* out) {
+  void run_decode(DecodeVariant variant, const float* q, float* out, std::optional<float> scale) {
     switch (variant) {
-      case DecodeVariant::host: layer_.decode(q, out); break;
-      case DecodeVariant::dc: layer_.decode_dc(q, out); break;
-      case DecodeVariant::dcw: layer_.decode_dcw(q, out); break;
+      case DecodeVariant::host: layer_.decode(q, out, scale); break;
+      case DecodeVariant::dc: layer_.decode_dc(q, out, scale); break;
+      case DecodeVariant::dcw: layer_.decode_dcw(q, out, scale); break;
     }
   }
 
   /// Captures append_dc(w) → inc_seqlen → decode_dc(w) on buffers owned by this system.
-  void capture(const HostRows& row, const std::vector<float>& q, bool windowed) {
+  void capture(const HostRows& row, const std::vector<float>& q, bool windowed,
+               std::optional<float> scale) {
     chain_k_ = DeviceBuffer(row.k_bytes.size());
     chain_v_ = DeviceBuffer(row.v_bytes.size());
     chain_q_ = DeviceBuffer(q.size() * sizeof(float));
@@ -219,10 +225,11 @@ class CudaSystem final : public System {
     graph_ = capture_graph([&] {
       windowed ? layer_.append_dcw(view) : layer_.append_dc(view);
       layer_.inc_seqlen();
-      windowed ? layer_.decode_dcw(chain_q_.as<float>(), chain_out_.as<float>())
-               : layer_.decode_dc(chain_q_.as<float>(), chain_out_.as<float>());
+      windowed ? layer_.decode_dcw(chain_q_.as<float>(), chain_out_.as<float>(), scale)
+               : layer_.decode_dc(chain_q_.as<float>(), chain_out_.as<float>(), scale);
     });
     graph_windowed_ = windowed;
+    graph_scale_ = scale;
     captured_ = true;
   }
 
@@ -233,6 +240,7 @@ class CudaSystem final : public System {
   DeviceBuffer chain_k_, chain_v_, chain_q_, chain_out_;
   cuda::Graph graph_;
   bool graph_windowed_ = false;
+  std::optional<float> graph_scale_;  ///< the scale graph_ was captured with
   bool captured_ = false;
   std::vector<std::vector<float>> eager_;  ///< the last chain's eager decodes
 };

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <span>
 #include <utility>
 
@@ -49,6 +50,11 @@ struct GenView {
   /// The lowest legal rewind target.
   std::int64_t lowest_rewind() const;
 };
+
+/// A decode's softmax scale: half the time nullopt (the default 1/sqrt(head_dim_k)), else the
+/// default times a factor in (1/2, 2) whose f32 product is never a power of two. Shrinks
+/// towards nullopt.
+std::optional<float> draw_scale(const GenView& v, Draw& d);
 
 /// n zero rows (at most 4096) for a twin's append.
 ref::RowsView twin_rows(std::int64_t n);

@@ -71,15 +71,16 @@ class TimedSystem final : public System {
     timed([&] { inner_.append_rows_dc(rows, windowed); });
   }
   void inc_seqlen(int t) override { timed([&] { inner_.inc_seqlen(t); }); }
-  std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q,
-                                 int t) override {
-    return timed([&] { return inner_.decode_rows(variant, q, t); });
+  std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q, int t,
+                                 std::optional<float> scale) override {
+    return timed([&] { return inner_.decode_rows(variant, q, t, scale); });
   }
   std::vector<std::vector<float>> verify_chain(const std::vector<HostRows>& drafts,
                                                const std::vector<std::vector<float>>& queries,
                                                const std::vector<std::int64_t>& accepted, int t,
-                                               bool windowed) override {
-    return timed([&] { return inner_.verify_chain(drafts, queries, accepted, t, windowed); });
+                                               bool windowed, std::optional<float> scale) override {
+    return timed(
+        [&] { return inner_.verify_chain(drafts, queries, accepted, t, windowed, scale); });
   }
   kvlayer::AccumulationShape verify_accumulation_shape(int t) override {
     return timed([&] { return inner_.verify_accumulation_shape(t); });
@@ -93,13 +94,14 @@ class TimedSystem final : public System {
   bool can_rewind_to(std::int64_t p) override {
     return timed([&] { return inner_.can_rewind_to(p); });
   }
-  std::vector<float> decode(DecodeVariant variant, std::span<const float> q) override {
-    return timed([&] { return inner_.decode(variant, q); });
+  std::vector<float> decode(DecodeVariant variant, std::span<const float> q,
+                            std::optional<float> scale) override {
+    return timed([&] { return inner_.decode(variant, q, scale); });
   }
   std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
                                               const std::vector<std::vector<float>>& queries,
-                                              bool windowed) override {
-    return timed([&] { return inner_.graph_chain(rows, queries, windowed); });
+                                              bool windowed, std::optional<float> scale) override {
+    return timed([&] { return inner_.graph_chain(rows, queries, windowed, scale); });
   }
   std::vector<std::vector<float>> last_chain_eager() override { return inner_.last_chain_eager(); }
   void clear_status() override { timed([&] { inner_.clear_status(); }); }
@@ -132,12 +134,14 @@ std::string first_byte_difference(const std::vector<std::uint8_t>& a,
   return s.str();
 }
 
-/// Naive float64 attention over one KV head, independent of the reference's Eigen path.
-double naive_output(const ref::KvLayer& m, const std::vector<float>& q, int n_q_heads, int h,
-                    int e, std::int64_t begin, std::int64_t end, std::int64_t base) {
+/// Naive float64 attention over one KV head, independent of the reference's Eigen path, with
+/// the decode's scale (nullopt: the default).
+double naive_output(const ref::KvLayer& m, const std::vector<float>& q, int n_q_heads,
+                    std::optional<float> decode_scale, int h, int e, std::int64_t begin,
+                    std::int64_t end, std::int64_t base) {
   const Geometry& g = m.geometry();
   const int kv = h / (n_q_heads / g.n_kv_heads);
-  const double scale = ref::default_scale(g.head_dim_k);
+  const double scale = decode_scale.value_or(ref::default_scale(g.head_dim_k));
   std::vector<double> s;
   for (std::int64_t t = begin; t < end; ++t) {
     const auto k = m.dequantized_row(Plane::k, t - base);
@@ -200,20 +204,21 @@ bool Sides::rows_append_writes(std::int64_t t, bool windowed) const {
 
 std::optional<std::vector<double>> Sides::model_decode_rows(DecodeVariant variant,
                                                             const std::vector<float>& q,
-                                                            std::int64_t t) {
+                                                            std::int64_t t,
+                                                            std::optional<float> scale) {
   switch (variant) {
     case DecodeVariant::host:
-      return model_.decode_rows(q, n_q_heads_, int(t));
+      return model_.decode_rows(q, n_q_heads_, int(t), scale);
     case DecodeVariant::dc:
-      return model_.decode_rows_dc(q, n_q_heads_, int(t));
+      return model_.decode_rows_dc(q, n_q_heads_, int(t), scale);
     case DecodeVariant::dcw:
-      return model_.decode_rows_dcw(q, n_q_heads_, int(t));
+      return model_.decode_rows_dcw(q, n_q_heads_, int(t), scale);
   }
   return std::nullopt;
 }
 
 Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::vector<float>& q,
-                                             std::int64_t t,
+                                             std::int64_t t, std::optional<float> scale,
                                              std::optional<std::vector<double>> out) {
   const Geometry& g = geometry_;
   Expectation x{std::string(verify_variant_name(variant)), std::move(out), {}, {}};
@@ -224,7 +229,7 @@ Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::v
   const std::vector<ref::DecodeView> views = ref::verify_views(g, len, base, int(t));
   if (system_) {
     const Stopwatch w(stats_.seconds_in_bounds);
-    const auto bounds = ref::decode_rows_bound(model_, q, n_q_heads_, std::nullopt, views,
+    const auto bounds = ref::decode_rows_bound(model_, q, n_q_heads_, scale, views,
                                                system_->verify_accumulation_shape(int(t)));
     for (const ref::DecodeBound& b : bounds) {
       x.bound.bound.insert(x.bound.bound.end(), b.bound.begin(), b.bound.end());
@@ -240,7 +245,8 @@ Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::v
   for (std::int64_t i = 0; i < t && !x.self_check; ++i) {
     const std::vector<float> qi(q.begin() + std::ptrdiff_t(i * q_row),
                                 q.begin() + std::ptrdiff_t((i + 1) * q_row));
-    if (auto d = naive_mismatch(qi, views[std::size_t(i)], x.out->data() + i * out_row, pick, 2))
+    if (auto d =
+            naive_mismatch(qi, scale, views[std::size_t(i)], x.out->data() + i * out_row, pick, 2))
       x.self_check = x.name + ": reference row " + std::to_string(i) + " " + *d;
   }
   ++stats_.decodes_compared;
@@ -248,26 +254,28 @@ Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::v
 }
 
 std::optional<std::string> Sides::verify_both(DecodeVariant variant, const std::vector<float>& q,
-                                              std::int64_t t) {
-  const auto m = attempt([&] { return model_decode_rows(variant, q, t); });
+                                              std::int64_t t, std::optional<float> scale) {
+  const auto m = attempt([&] { return model_decode_rows(variant, q, t, scale); });
   if (!m.value) ++stats_.refused;
   std::optional<Expectation> x;
-  if (m.value) x = expect_decode_rows(variant, q, t, *m.value);
+  if (m.value) x = expect_decode_rows(variant, q, t, scale, *m.value);
   if (x && x->self_check) return x->self_check;
   if (!system_) return std::nullopt;
-  const auto out = attempt([&] { return system_->decode_rows(variant, q, int(t)); });
+  const auto out = attempt([&] { return system_->decode_rows(variant, q, int(t), scale); });
   if (auto d = compare_refusal(m, out)) return d;
   if (x) return check_decode(*x, *out.value);
   return std::nullopt;
 }
 
 std::optional<std::string> Sides::naive_mismatch(const std::vector<float>& q,
+                                                 std::optional<float> scale,
                                                  const ref::DecodeView& view, const double* out,
                                                  Rng& pick, int count) const {
   const Geometry& g = geometry_;
   for (int i = 0; i < count; ++i) {
     const int h = int(pick.range(0, n_q_heads_ - 1)), e = int(pick.range(0, g.head_dim_v - 1));
-    const double want = naive_output(model_, q, n_q_heads_, h, e, view.begin, view.end, view.base);
+    const double want =
+        naive_output(model_, q, n_q_heads_, scale, h, e, view.begin, view.end, view.base);
     const double got = out[std::size_t(h * g.head_dim_v + e)];
     const double tol = 1e-12 * (1.0 + std::fabs(want)) * double(view.end - view.begin + 1);
     if (!(std::fabs(want - got) <= tol) && !(std::isnan(want) && std::isnan(got)))
@@ -285,14 +293,15 @@ void Sides::model_append_dc(const HostRows& row, bool windowed) {
 }
 
 std::optional<std::vector<double>> Sides::model_decode(DecodeVariant variant,
-                                                       const std::vector<float>& q) {
+                                                       const std::vector<float>& q,
+                                                       std::optional<float> scale) {
   switch (variant) {
     case DecodeVariant::host:
-      return model_.decode(q, n_q_heads_);
+      return model_.decode(q, n_q_heads_, scale);
     case DecodeVariant::dc:
-      return model_.decode_dc(q, n_q_heads_);
+      return model_.decode_dc(q, n_q_heads_, scale);
     case DecodeVariant::dcw:
-      return model_.decode_dcw(q, n_q_heads_);
+      return model_.decode_dcw(q, n_q_heads_, scale);
   }
   return std::nullopt;
 }
@@ -375,7 +384,8 @@ std::optional<std::string> Sides::compare_state() {
 }
 
 Sides::Expectation Sides::expect_decode(DecodeVariant variant, const std::vector<float>& q,
-                                       std::optional<std::vector<double>> out) {
+                                        std::optional<float> scale,
+                                        std::optional<std::vector<double>> out) {
   const Geometry& g = geometry_;
   Expectation x{decode_variant_name(variant), std::move(out), {}, {}};
   if (!x.out) return x;  // a device error: nothing may be written
@@ -390,13 +400,13 @@ Sides::Expectation Sides::expect_decode(DecodeVariant variant, const std::vector
   }
   if (system_) {
     const Stopwatch w(stats_.seconds_in_bounds);
-    x.bound = ref::decode_bound(model_, q, n_q_heads_, std::nullopt, view,
-                                system_->accumulation_shape(variant));
+    x.bound =
+        ref::decode_bound(model_, q, n_q_heads_, scale, view, system_->accumulation_shape(variant));
     return x;
   }
   // Reference only: recompute a few elements with an independent naive loop.
   Rng pick(std::uint64_t(view.end) * 7919u + std::uint64_t(view.begin));
-  if (auto d = naive_mismatch(q, view, x.out->data(), pick, 4))
+  if (auto d = naive_mismatch(q, scale, view, x.out->data(), pick, 4))
     x.self_check = x.name + ": reference " + *d;
   ++stats_.decodes_compared;
   return x;

@@ -1,7 +1,9 @@
 #include "kvlayer/harness/replay_file.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <type_traits>
@@ -59,6 +61,18 @@ std::string text(const json& obj, const char* key, const std::string& where) {
   return v.get<std::string>();
 }
 
+/// An optional decode scale: absent or null is nullopt (the default), else a finite f32.
+std::optional<float> scale_of(const json& obj, const std::string& where) {
+  const auto it = obj.find("scale");
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) malformed(where + ".scale", "expected a number or null");
+  // Checked as a double first: converting one beyond f32's range is undefined behaviour.
+  const double s = it->get<double>();
+  if (!(std::fabs(s) <= double(std::numeric_limits<float>::max())))
+    malformed(where + ".scale", it->dump() + " is outside the f32 range");
+  return float(s);
+}
+
 DataKind data_kind(const json& obj, const std::string& where) {
   const std::string s = text(obj, "data", where);
   for (int k = 0; k <= int(DataKind::bad); ++k)
@@ -85,6 +99,11 @@ struct JsonOut {
   void data(DataKind kind) { j["data"] = data_kind_name(kind); }
   void seed(std::uint64_t seed) { j["seed"] = seed; }
   void flag(const char* key, bool v, const char*, const char*) { j[key] = v; }
+  // Left out when nullopt, so that a file without scales reads (and is written) as before.
+  // double(f32) prints with enough digits to read back as the same f32.
+  void scale(std::optional<float> v) {
+    if (v) j["scale"] = double(*v);
+  }
 };
 
 /// A command's fields from its JSON object, each checked as it is read.
@@ -102,6 +121,7 @@ struct JsonIn {
   void data(DataKind& kind) { kind = data_kind(j, where); }
   void seed(std::uint64_t& seed) { seed = seed_of(j, where); }
   void flag(const char* key, bool& v, const char*, const char*) { v = boolean(j, key, where); }
+  void scale(std::optional<float>& v) { v = scale_of(j, where); }
 };
 
 json command_json(const Command& command) {

@@ -113,10 +113,15 @@ class Sides {
     return o;
   }
 
+  // Every decode below takes the softmax scale of SPEC §8 (nullopt: the default
+  // 1/sqrt(head_dim_k)); the model, the bound, the naive recomputation and the system all get
+  // the same one.
+
   /// The model's device-counter append (append_dcw when windowed) and decodes.
   void model_append_dc(const HostRows& row, bool windowed);
   std::optional<std::vector<double>> model_decode(DecodeVariant variant,
-                                                  const std::vector<float>& q);
+                                                  const std::vector<float>& q,
+                                                  std::optional<float> scale);
   /// Whether a device-counter append on the model now writes its row (SPEC §7).
   bool dc_append_writes(bool windowed) const;
   /// Stops expecting the bytes of logical rows ≥ first (a rebase keeps only rows below len).
@@ -133,22 +138,23 @@ class Sides {
   bool rows_append_writes(std::int64_t t, bool windowed) const;
   /// The model's verify decode of t queries (decode_rows, decode_rows_dc, decode_rows_dcw).
   std::optional<std::vector<double>> model_decode_rows(DecodeVariant variant,
-                                                       const std::vector<float>& q,
-                                                       std::int64_t t);
+                                                       const std::vector<float>& q, std::int64_t t,
+                                                       std::optional<float> scale);
   /// The expectation of a verify decode the model just ran: each row within the bound of its
   /// own view (ref::verify_views), the rows' bounds one after the other.
-  Expectation expect_decode_rows(DecodeVariant variant, const std::vector<float>& q,
-                                 std::int64_t t, std::optional<std::vector<double>> out);
+  Expectation expect_decode_rows(DecodeVariant variant, const std::vector<float>& q, std::int64_t t,
+                                 std::optional<float> scale,
+                                 std::optional<std::vector<double>> out);
 
   /// A verify decode of t queries on the model and the system: both refuse alike, or the
   /// system's rows lie within their bounds (reference-only: the model's spot check).
   std::optional<std::string> verify_both(DecodeVariant variant, const std::vector<float>& q,
-                                         std::int64_t t);
+                                         std::int64_t t, std::optional<float> scale);
 
   /// The expectation of a decode the model just ran (out: its output); reference-only, a few
   /// of its elements are recomputed by a naive float64 loop instead.
   Expectation expect_decode(DecodeVariant variant, const std::vector<float>& q,
-                            std::optional<std::vector<double>> out);
+                            std::optional<float> scale, std::optional<std::vector<double>> out);
   /// The system's decode output against the expectation (within the bound; nothing written
   /// when the model recorded a device error).
   std::optional<std::string> check_decode(const Expectation& x, const std::vector<float>& actual);
@@ -160,7 +166,7 @@ class Sides {
   std::optional<std::string> check_model_invariants();
   /// count random elements of out (one query's [n_q_heads, head_dim_v] output over view)
   /// recomputed by the naive float64 loop; the first that differs, described.
-  std::optional<std::string> naive_mismatch(const std::vector<float>& q,
+  std::optional<std::string> naive_mismatch(const std::vector<float>& q, std::optional<float> scale,
                                             const ref::DecodeView& view, const double* out,
                                             Rng& pick, int count) const;
 

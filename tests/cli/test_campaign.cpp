@@ -30,13 +30,14 @@ class ForgetfulSystem : public System {
   void inc_seqlen() override {}
   void append_rows_dc(const HostRows&, bool) override {}
   void inc_seqlen(int) override {}
-  std::vector<float> decode_rows(DecodeVariant, std::span<const float>, int t) override {
+  std::vector<float> decode_rows(DecodeVariant, std::span<const float>, int t,
+                                 std::optional<float>) override {
     return std::vector<float>(std::size_t(std::max(t, 0)) * outputs_.size(), 0.0f);
   }
   std::vector<std::vector<float>> verify_chain(const std::vector<HostRows>& drafts,
                                                const std::vector<std::vector<float>>&,
-                                               const std::vector<std::int64_t>&, int t,
-                                               bool) override {
+                                               const std::vector<std::int64_t>&, int t, bool,
+                                               std::optional<float>) override {
     return std::vector<std::vector<float>>(drafts.size(),
                                            std::vector<float>(std::size_t(t) * outputs_.size()));
   }
@@ -48,10 +49,12 @@ class ForgetfulSystem : public System {
     return {0, 0};
   }
   bool can_rewind_to(std::int64_t) override { return false; }
-  std::vector<float> decode(DecodeVariant, std::span<const float>) override { return outputs_; }
+  std::vector<float> decode(DecodeVariant, std::span<const float>, std::optional<float>) override {
+    return outputs_;
+  }
   std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
-                                              const std::vector<std::vector<float>>&,
-                                              bool) override {
+                                              const std::vector<std::vector<float>>&, bool,
+                                              std::optional<float>) override {
     return std::vector<std::vector<float>>(rows.size(), outputs_);
   }
   void clear_status() override {}

@@ -4,24 +4,27 @@
 #include <gtest/gtest.h>
 #include <rapidcheck/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
 #include "kvlayer/error.hpp"
 #include "kvlayer/harness/generate.hpp"
 #include "kvlayer/harness/replay_file.hpp"
 #include "kvlayer/harness/row_data.hpp"
 
-#include <algorithm>
-#include <cmath>
-#include <iostream>
-#include <set>
-#include <string>
-#include <variant>
-#include <vector>
-
 namespace kvlayer::harness {
 namespace {
 
 /// Every passing case also survives its replay file: the same commands come back, and the
-/// same text.
+/// same text. Every drawn decode scale is the default times a factor in (1/2, 2) and not a
+/// power of two (one would hide a scale folded into an fp16 operand).
 RC_GTEST_PROP(ModelReference, RandomSequencesKeepEveryInvariant, ()) {
   PropertyOptions options;
   options.replay_path = "model-reference-failure.json";
@@ -30,6 +33,22 @@ RC_GTEST_PROP(ModelReference, RandomSequencesKeepEveryInvariant, ()) {
     const Case back = from_json(text);
     RC_ASSERT(back.commands == c.commands);
     RC_ASSERT(to_json(back) == text);
+    const double def = 1.0 / std::sqrt(double(c.geometry.head_dim_k));
+    int scaled = 0;
+    for (const Command& command : c.commands) {
+      const auto scale = std::visit(
+          [](const auto& x) -> std::optional<float> {
+            if constexpr (requires { x.scale; }) return x.scale;
+            return std::nullopt;
+          },
+          command);
+      if (!scale) continue;
+      ++scaled;
+      int e = 0;
+      RC_ASSERT(std::frexp(*scale, &e) != 0.5f);
+      RC_ASSERT(*scale > 0.49 * def && *scale < 2.01 * def);
+    }
+    RC_CLASSIFY(scaled > 0, "a decode with a drawn scale");
   };
   model_based_property(options);
 }
@@ -109,6 +128,74 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
                            R"({"op":"graph_chain","seed":3,"steps":2,"windowed":false})",
                            R"({"end":4,"op":"physical_rows","start":-1})"})
     EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
+}
+
+/// A decode command's scale survives its replay file bit for bit and shows in its line; one
+/// without a scale (the default) has no "scale" key, so files written before commands had
+/// one read back as unscaled.
+TEST(ReplayFile, RoundTripsADecodeScaleAndReadsFilesWithout) {
+  Case c;
+  c.geometry.n_kv_heads = 1;
+  c.geometry.head_dim_k = c.geometry.head_dim_v = 128;
+  c.geometry.max_ctx = 100;
+  c.geometry.window = 40;
+  const float odd = 0.0883883461f * 1.2345678f;  // not a power of two, all mantissa bits used
+  c.commands = {Decode{DecodeVariant::host, 1, odd},
+                Decode{DecodeVariant::dcw, 2},
+                Verify{3, 4, 0.3f},
+                DraftStep{2, 5, DataKind::gaussian, true, 0.0625f * 1.5f},
+                GraphChain{3, 6, true, odd},
+                VerifyChain{2, 3, 7, true, 1e-3f}};
+  const std::string text = to_json(c);
+  const Case back = from_json(text);
+  EXPECT_TRUE(back.commands == c.commands) << text;
+  EXPECT_EQ(std::get<Decode>(back.commands[0]).scale, odd);  // bit for bit (not within a tolerance)
+  EXPECT_EQ(std::get<Decode>(back.commands[1]).scale, std::nullopt);
+  EXPECT_EQ(to_json(back), text);
+  EXPECT_NE(text.find(R"({"op":"decode_dcw","seed":2})"), std::string::npos) << text;
+  EXPECT_EQ(describe(Verify{3, 4, 0.3f}), "decode_rows t=3 scale=0.3 seed=4");
+  EXPECT_EQ(describe(GraphChain{3, 6, false, 0.09375f}),
+            "graph_chain steps=3 dc scale=0.09375 seed=6");
+  EXPECT_EQ(describe(Decode{DecodeVariant::dc, 2}), "decode_dc seed=2");
+  // The line shows the shortest text that reads back as the same float.
+  const std::string line = describe(back.commands[0]);
+  const auto at = line.find("scale=");
+  ASSERT_NE(at, std::string::npos) << line;
+  EXPECT_EQ(std::stof(line.substr(at + 6)), odd) << line;
+
+  // A file without scales (as written before commands had one), and one with "scale": null.
+  const std::string old_file =
+      R"({"format": "kvlayer-replay", "version": 1, "geometry": {"n_kv_heads": 1, "head_dim_k": 64,)"
+      R"( "head_dim_v": 64, "max_ctx": 100, "window": 40, "storage": "flat", "max_append": 1,)"
+      R"( "rewind_slack": 0}, "n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [)"
+      R"({"op": "decode", "seed": 9}, {"op": "decode_rows", "t": 2, "seed": 8},)"
+      R"( {"op": "draft_step", "t": 3, "seed": 21, "data": "ties", "windowed": true},)"
+      R"( {"op": "graph_chain", "steps": 4, "windowed": true, "seed": 11},)"
+      R"( {"op": "verify_chain", "rounds": 5, "t": 4, "windowed": true, "seed": 13},)"
+      R"( {"op": "decode_dcw", "seed": 3, "scale": null}]})";
+  const Case old = from_json(old_file);
+  const std::vector<Command> unscaled = {Decode{DecodeVariant::host, 9},
+                                         Verify{2, 8},
+                                         DraftStep{3, 21, DataKind::ties, true},
+                                         GraphChain{4, 11, true},
+                                         VerifyChain{5, 4, 13, true},
+                                         Decode{DecodeVariant::dcw, 3}};
+  EXPECT_TRUE(old.commands == unscaled);
+  EXPECT_EQ(to_json(old).find("scale"), std::string::npos);
+
+  // A scale that is not a number, or beyond f32's range, is refused by name.
+  for (const auto& [scale, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"("big")", "replay file: commands[0].scale: expected a number or null"},
+           {"1e39", "replay file: commands[0].scale: 1e+39 is outside the f32 range"}}) {
+    const std::string bad = text.substr(0, text.find("\"commands\"")) +
+                            R"("commands": [{"op": "decode", "seed": 1, "scale": )" + scale + "}]}";
+    try {
+      from_json(bad);
+      ADD_FAILURE() << "accepted: " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), message) << bad;
+    }
+  }
 }
 
 }  // namespace

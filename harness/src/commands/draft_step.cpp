@@ -22,7 +22,7 @@ DraftStep DraftStep::gen(const GenView& v, Draw& d) {
   if (how == 1) t = top + 1;
   bool windowed = !v.flat_full();
   if (d.in_range(0, 10) == 0) windowed = !windowed;
-  return DraftStep{t, d.seed(), draw_data_kind(d), windowed};
+  return DraftStep{t, d.seed(), draw_data_kind(d), windowed, draw_scale(v, d)};
 }
 
 /// reserve(t), the step, its accounting and an accepted prefix: what an engine's step does.
@@ -53,7 +53,7 @@ std::optional<std::string> DraftStep::run(Sides& s) const {
   if (o.diff || !o.accepted) return o.diff;
 
   return s.verify_both(windowed ? DecodeVariant::dcw : DecodeVariant::dc,
-                       s.queries(t, seed ^ 0x9E3779B97F4A7C15ull), t);
+                       s.queries(t, seed ^ 0x9E3779B97F4A7C15ull), t, scale);
 }
 
 }  // namespace kvlayer::harness

@@ -16,7 +16,7 @@ int GraphChain::weight(const GenView&) {
 GraphChain GraphChain::gen(const GenView& v, Draw& d) {
   const std::int64_t steps =
       d.in_range64(1, std::max<std::int64_t>(2, std::min<std::int64_t>(24, v.room() + 1)));
-  return GraphChain{steps, d.seed(), !v.flat_full()};
+  return GraphChain{steps, d.seed(), !v.flat_full(), draw_scale(v, d)};
 }
 
 /// reserve(steps) first makes a ring's chain fit (SPEC §7); gen alone draws chains without it,
@@ -83,13 +83,13 @@ std::optional<std::string> GraphChain::run(Sides& s) const {
     if (s.dc_append_writes(windowed)) s.remember_rows(rows.back(), at);
     s.model_append_dc(rows.back(), windowed);
     s.model().inc_seqlen();
-    auto out = s.model_decode(variant, queries.back());
-    expected.push_back(s.expect_decode(variant, queries.back(), std::move(out)));
+    auto out = s.model_decode(variant, queries.back(), scale);
+    expected.push_back(s.expect_decode(variant, queries.back(), scale, std::move(out)));
     if (expected.back().self_check && !diff) diff = expected.back().self_check;
   }
   s.stats().graph_replays += steps;
   if (s.system() && !diff) {
-    const auto outputs = s.system()->graph_chain(rows, queries, windowed);
+    const auto outputs = s.system()->graph_chain(rows, queries, windowed, scale);
     diff = check_replays(s, expected, outputs, s.system()->last_chain_eager());
   }
   const auto m = attempt([&] { s.model().account_steps(steps); });

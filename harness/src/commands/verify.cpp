@@ -19,7 +19,7 @@ Verify Verify::gen(const GenView& v, Draw& d) {
   if (how == 0) t = 0;
   if (how == 1) t = top + 1;
   if (how == 2) t = len + 1;
-  return Verify{t, d.seed()};
+  return Verify{t, d.seed(), draw_scale(v, d)};
 }
 
 /// Changes nothing the generator draws by.
@@ -27,7 +27,7 @@ void Verify::apply(ref::KvLayer&) const {}
 
 std::optional<std::string> Verify::run(Sides& s) const {
   return s.verify_both(DecodeVariant::host, s.queries(std::clamp<std::int64_t>(t, 0, 1024), seed),
-                       t);
+                       t, scale);
 }
 
 }  // namespace kvlayer::harness

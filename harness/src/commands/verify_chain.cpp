@@ -17,7 +17,7 @@ int VerifyChain::weight(const GenView&) {
 VerifyChain VerifyChain::gen(const GenView& v, Draw& d) {
   const std::int64_t t = d.in_range64(1, v.twin.max_verify() + 1);
   const std::int64_t rounds = d.in_range64(1, 13);
-  return VerifyChain{rounds, t, d.seed(), !v.flat_full()};
+  return VerifyChain{rounds, t, d.seed(), !v.flat_full(), draw_scale(v, d)};
 }
 
 /// Each round appends t rows and keeps a prefix; the twin keeps them all (an upper bound on
@@ -56,8 +56,8 @@ std::optional<std::string> VerifyChain::run(Sides& s) const {
     if (s.rows_append_writes(t, windowed)) s.remember_rows(drafts.back(), at);
     s.model_append_rows_dc(drafts.back(), windowed);
     s.model().inc_seqlen(int(t));
-    auto out = s.model_decode_rows(variant, queries.back(), t);
-    expected.push_back(s.expect_decode_rows(variant, queries.back(), t, std::move(out)));
+    auto out = s.model_decode_rows(variant, queries.back(), t, scale);
+    expected.push_back(s.expect_decode_rows(variant, queries.back(), t, scale, std::move(out)));
     if (expected.back().self_check) diff = expected.back().self_check;
     s.model().account_steps(t);
     // Accept a prefix where the layer can rewind that far (a ring keeps rewind_slack rows).
@@ -68,7 +68,7 @@ std::optional<std::string> VerifyChain::run(Sides& s) const {
   }
   s.stats().graph_replays += std::int64_t(drafts.size());
   if (!s.system() || diff || drafts.empty()) return diff;
-  const auto outputs = s.system()->verify_chain(drafts, queries, accepted, int(t), windowed);
+  const auto outputs = s.system()->verify_chain(drafts, queries, accepted, int(t), windowed, scale);
   if (outputs.size() != expected.size())
     return "verify chain returned " + std::to_string(outputs.size()) + " outputs for " +
            std::to_string(expected.size()) + " rounds";

@@ -81,6 +81,10 @@ class Sides;     ///< the model and the system, as a command's run sees them (ha
 //   f.data(value)                   the rows' DataKind, key "data"
 //   f.seed(value)                   the seed of its rows or queries, key "seed" (shown last)
 //   f.flag(key, value, on, off)     a bool, shown as the word `on` or `off`
+//   f.scale(value)                  a decode's softmax scale (std::optional<float>), key
+//                                   "scale"; nullopt (the default 1/sqrt(head_dim_k)) is left
+//                                   out of the line and the replay file, so files written
+//                                   before commands had one still read
 // A command's line (describe) is its op name followed by its fields.
 
 /// What every command declares besides its arguments, name and fields (see the top of this file).
@@ -152,9 +156,13 @@ struct Rewind {
 struct Decode {
   DecodeVariant variant;
   std::uint64_t seed;
+  std::optional<float> scale = std::nullopt;  ///< softmax scale; nullopt: the default
   static constexpr std::array<std::string_view, 3> names{"decode", "decode_dc", "decode_dcw"};
   static constexpr auto named_by = &Decode::variant;
-  static void fields(auto& c, auto& f) { f.seed(c.seed); }
+  static void fields(auto& c, auto& f) {
+    f.seed(c.seed);
+    f.scale(c.scale);
+  }
   KVLAYER_HARNESS_COMMAND(Decode);
 };
 
@@ -178,11 +186,13 @@ struct GraphChain {
   std::int64_t steps;
   std::uint64_t seed;
   bool windowed;
+  std::optional<float> scale = std::nullopt;  ///< every step's decode's (captured with it)
   static constexpr std::string_view name = "graph_chain";
   static void fields(auto& c, auto& f) {
     f.count("steps", c.steps, 0, 4096);
     f.seed(c.seed);
     f.flag("windowed", c.windowed, "dcw", "dc");
+    f.scale(c.scale);
   }
   /// reserve(steps) then the chain: the headroom a ring needs (SPEC §7).
   static std::vector<Command> scenario(const GenView& v, Draw& d);
@@ -204,12 +214,14 @@ struct DraftStep {
   std::uint64_t seed;
   DataKind data;
   bool windowed;
+  std::optional<float> scale = std::nullopt;  ///< the verify decode's; nullopt: the default
   static constexpr std::string_view name = "draft_step";
   static void fields(auto& c, auto& f) {
     f.count("t", c.t, 0, 1024);
     f.seed(c.seed);
     f.data(c.data);
     f.flag("windowed", c.windowed, "dcw", "dc");
+    f.scale(c.scale);
   }
   /// reserve(t), the step, account_steps(t) and an accepted prefix: rewind(len + a).
   static std::vector<Command> scenario(const GenView& v, Draw& d);
@@ -220,10 +232,12 @@ struct DraftStep {
 struct Verify {
   std::int64_t t;
   std::uint64_t seed;
+  std::optional<float> scale = std::nullopt;  ///< softmax scale; nullopt: the default
   static constexpr std::string_view name = "decode_rows";
   static void fields(auto& c, auto& f) {
     f.count("t", c.t, 0, 1024);
     f.seed(c.seed);
+    f.scale(c.scale);
   }
   KVLAYER_HARNESS_COMMAND(Verify);
 };
@@ -235,12 +249,14 @@ struct VerifyChain {
   std::int64_t rounds, t;
   std::uint64_t seed;
   bool windowed;
+  std::optional<float> scale = std::nullopt;  ///< every round's decode's (captured with it)
   static constexpr std::string_view name = "verify_chain";
   static void fields(auto& c, auto& f) {
     f.count("rounds", c.rounds, 0, 256);
     f.count("t", c.t, 1, 64);
     f.seed(c.seed);
     f.flag("windowed", c.windowed, "dcw", "dc");
+    f.scale(c.scale);
   }
   KVLAYER_HARNESS_COMMAND(VerifyChain);
 };

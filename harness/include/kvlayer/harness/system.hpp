@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -39,25 +40,29 @@ class System {
   virtual std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t start,
                                                               std::int64_t end) = 0;
   virtual bool can_rewind_to(std::int64_t p) = 0;
+  // Every decode takes the softmax scale of SPEC §8: nullopt is the default 1/sqrt(head_dim_k).
+
   /// Output [n_q_heads × head_dim_v], poisoned with kPoisonBits before the decode ran.
-  virtual std::vector<float> decode(DecodeVariant variant, std::span<const float> q) = 0;
+  virtual std::vector<float> decode(DecodeVariant variant, std::span<const float> q,
+                                    std::optional<float> scale) = 0;
   /// A verify decode of t queries (q [t, n_q_heads, head_dim_k]); output [t, n_q_heads,
   /// head_dim_v], poisoned with kPoisonBits before the decode ran.
-  virtual std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q,
-                                         int t) = 0;
+  virtual std::vector<float> decode_rows(DecodeVariant variant, std::span<const float> q, int t,
+                                         std::optional<float> scale) = 0;
   /// Captures append_rows_dc(w) of t rows → inc_seqlen(t) → decode_rows_dc(w) of t queries
-  /// once; then per round r: reserve(t), the inputs written into the captured buffers, one
-  /// replay, account_steps(t), and rewind(len − t + accepted[r]) when accepted[r] < t.
-  /// Returns each round's output (poisoned before each replay).
+  /// (with scale) once; then per round r: reserve(t), the inputs written into the captured
+  /// buffers, one replay, account_steps(t), and rewind(len − t + accepted[r]) when
+  /// accepted[r] < t. Returns each round's output (poisoned before each replay).
   virtual std::vector<std::vector<float>> verify_chain(
       const std::vector<HostRows>& drafts, const std::vector<std::vector<float>>& queries,
-      const std::vector<std::int64_t>& accepted, int t, bool windowed) = 0;
-  /// Captures one step (append_dc(w) → inc_seqlen → decode_dc(w)) once and replays it once per
-  /// entry of rows/queries, writing the inputs into the captured buffers; returns each step's
-  /// output (poisoned before each replay).
-  virtual std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
-                                                      const std::vector<std::vector<float>>& queries,
-                                                      bool windowed) = 0;
+      const std::vector<std::int64_t>& accepted, int t, bool windowed,
+      std::optional<float> scale) = 0;
+  /// Captures one step (append_dc(w) → inc_seqlen → decode_dc(w) with scale) once and replays
+  /// it once per entry of rows/queries, writing the inputs into the captured buffers; returns
+  /// each step's output (poisoned before each replay).
+  virtual std::vector<std::vector<float>> graph_chain(
+      const std::vector<HostRows>& rows, const std::vector<std::vector<float>>& queries,
+      bool windowed, std::optional<float> scale) = 0;
   /// For the last graph_chain: each step's decode run eagerly on the state the replayed step
   /// left (same call, same state: must be bit-identical to the replayed output), or empty when
   /// the system has no eager path to compare.
