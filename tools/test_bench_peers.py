@@ -36,7 +36,8 @@ def synthetic_kvlayer():
     res = [{"name": "stream_read", "shape": "2 GiB", "n_kv_heads": 0, "head_dim": 0, "gqa": 0,
             "keys": 0, "window": None, "us": 476.6, "bytes": 2147483648.0, "gbs": 4506.0,
             "pct_ceiling": 100.0, "floor_us": 475.0, "pct_floor": 99.7}]
-    # (geometry, keys, window): graph µs; eager = graph + 4, host-len = graph + 5
+    # (geometry, keys, window): graph µs; eager = graph + 4, back to back = graph + 1,
+    # host-len = graph + 5
     points = [((8, 128, 8), 1024, None, 8.0), ((8, 128, 8), 4096, None, 12.0),
               ((8, 128, 8), 131072, 4096, 11.0),
               ((1, 128, 16), 1024, None, 7.0), ((1, 128, 16), 4096, None, 9.0)]
@@ -45,6 +46,7 @@ def synthetic_kvlayer():
         res.append(kv_row("decode", h, d, g, keys, us + 5, window, floor=6.5))
         res.append(kv_row(dc, h, d, g, keys, us + 4, window, floor=6.5))
         res.append(kv_row(dc + "_graph", h, d, g, keys, us, window, floor=6.5))
+        res.append(kv_row(dc + "_b2b", h, d, g, keys, us + 1, window, floor=6.5))
     acc = []
     for data in ("normal", "k_outliers"):
         for fmt, src, mx, rel in (("q8_0/q5_1", "kvlayer GPU decode_dc", 1.5e-4, 3.1e-3),
@@ -186,6 +188,7 @@ def test_join():
     x = j[((8, 128, 8), 1024, None)]
     assert x["fastest_peer"] == "xqa_e4m3" and abs(x["ratio"] - 0.75) < 1e-12, x
     assert x["graph_us"] == 8.0 and x["eager_us"] == 12.0 and x["host_len_us"] == 13.0
+    assert x["b2b_us"] == 9.0
     assert x["floor_source"] == "peers" and x["floor_us"] == 2.3
     assert abs(x["gbs"] - x["bytes"] / 8.0 / 1e3) < 1e-9
     x = j[((8, 128, 8), 4096, None)]
@@ -222,16 +225,17 @@ def test_results_md():
     with tempfile.TemporaryDirectory() as tmp:
         text = run_main(tmp, extra=["--no-plot"])
     head, rows = table(text, "Decode: kvlayer against the fastest peer")
-    assert head == ["geometry", "keys", "window", "kvlayer graph µs", "eager µs", "MB", "GB/s",
-                    "floor µs", "% floor", "fastest peer", "peer µs", "peer / kvlayer"], head
+    assert head == ["geometry", "keys", "window", "kvlayer graph µs", "eager µs", "b2b µs", "MB",
+                    "GB/s", "floor µs", "% floor", "fastest peer", "peer µs",
+                    "peer / kvlayer"], head
     r = by_point(rows)
-    assert r[("8×128 gqa 8", "1024", "—")][9:] == ["xqa_e4m3", "6.0", "0.75"]
-    assert r[("8×128 gqa 8", "1024", "—")][3:5] == ["8.0", "12.0"]
-    assert r[("8×128 gqa 8", "1024", "—")][7:9] == ["2.3", "28.7"]  # 2.3 / 8.0
-    assert r[("8×128 gqa 8", "4096", "—")][9:] == ["sdpa_cudnn_f16", "18.0", "1.50"]
-    assert r[("8×128 gqa 8", "131072", "4096")][9:] == ["sdpa_cudnn_f16", "18.0", "1.64"]
-    assert r[("1×128 gqa 16", "4096", "—")][7] == "6.5†"
-    assert r[("1×128 gqa 16", "1024", "—")][9:] == ["fi_tc_e4m3", "14.0", "2.00"]
+    assert r[("8×128 gqa 8", "1024", "—")][10:] == ["xqa_e4m3", "6.0", "0.75"]
+    assert r[("8×128 gqa 8", "1024", "—")][3:6] == ["8.0", "12.0", "9.0"]
+    assert r[("8×128 gqa 8", "1024", "—")][8:10] == ["2.3", "28.7"]  # 2.3 / 8.0
+    assert r[("8×128 gqa 8", "4096", "—")][10:] == ["sdpa_cudnn_f16", "18.0", "1.50"]
+    assert r[("8×128 gqa 8", "131072", "4096")][10:] == ["sdpa_cudnn_f16", "18.0", "1.64"]
+    assert r[("1×128 gqa 16", "4096", "—")][8] == "6.5†"
+    assert r[("1×128 gqa 16", "1024", "—")][10:] == ["fi_tc_e4m3", "14.0", "2.00"]
     head, rows = table(text, "Every peer (µs per call)")
     assert head[:4] == ["geometry", "keys", "window", "kvlayer graph"]
     assert head[4:] == ["sdpa_cudnn_f16", "fi_batch_f16", "fi_tc_e4m3", "xqa_e4m3", "xqa_int8",
@@ -251,7 +255,7 @@ def test_results_md():
     assert "synthetic method text" in text and "k_outliers: synthetic channels." in text
     assert "GPU: NVIDIA H200, driver 580.159.04" in text and "FlashInfer 0.7.4+kvpeers" in text
     _, rows = table(text, "Every kvlayer row")
-    assert rows[0][0] == "stream_read" and len(rows) == 16, len(rows)
+    assert rows[0][0] == "stream_read" and len(rows) == 21, len(rows)  # 1 + 5 points × 4 rows
     _, rows = table(text, "Peer rows without a time, or flagged")
     assert {r[2] for r in rows} == {"xqa_int8", "xqa_e4m3"} and len(rows) == 3
     print("RESULTS.md: decode, every-peer, accuracy and kvlayer tables ok")
@@ -271,7 +275,7 @@ def test_no_peers_no_matplotlib():
             sys.modules["matplotlib"] = saved
     assert "**No peers JSON**" in text
     _, rows = table(text, "Decode: kvlayer against the fastest peer")
-    assert all(r[9:] == ["—", "—", "—"] and r[7].endswith("†") for r in rows), rows
+    assert all(r[10:] == ["—", "—", "—"] and r[8].endswith("†") for r in rows), rows
     print("no peers, no matplotlib: RESULTS.md written, plot skipped")
 
 

@@ -36,7 +36,8 @@ constexpr std::string_view kUsage =
     "                     [--decode-only KEYS [--shape S] [--queries T] [--capacity C]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
-    "  window; verify decode (SPEC §11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
+    "  window, eager (one call; _b2b: 20 back to back) and graph-replayed; verify decode (SPEC "
+    "§11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
     "  4x256 gqa 8 at 4K, 16K and 128K keys and with a 4096-key window, graph-replayed;\n"
     "  append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
     "  the same step launched eagerly. Reports medians (CUDA events) in µs, bytes moved, GB/s\n"
@@ -180,6 +181,10 @@ struct Bench {
              : at(i).decode_dc(q.as<float>(), out.as<float>());
     };
     record(window ? "decode_dcw" : "decode_dc", median_us(s(), 5, reps, dc));
+    // The same eager calls, 20 back to back between the events (rotating layers), as an
+    // engine's host loop enqueues them ahead of the GPU: the row above, one call on an idle
+    // stream, also holds the latency of its first launch reaching the GPU.
+    record(window ? "decode_dcw_b2b" : "decode_dc_b2b", back_to_back_us(20, dc));
     // The same calls replayed from a graph, 20 per replay (rotating layers): GPU time alone,
     // without the host's launch work between the two events (what an engine's graph sees).
     record(window ? "decode_dcw_graph" : "decode_dc_graph", graph_us(20, dc));
@@ -220,6 +225,15 @@ struct Bench {
       r.queries = t;
       rows.push_back(r);
     }
+  }
+
+  /// Median per-call µs of `count` calls f(0..count) launched back to back between two events.
+  double back_to_back_us(int count, const std::function<void(int)>& f) {
+    return median_us(s(), 3, std::max(5, reps / 5),
+                     [&](int) {
+                       for (int i = 0; i < count; ++i) f(i);
+                     }) /
+           count;
   }
 
   /// Median per-call µs of `count` calls f(0..count) captured once into a graph and replayed.
