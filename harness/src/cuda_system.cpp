@@ -217,6 +217,9 @@ class CudaSystem final : public System {
   /// Captures append_dc(w) → inc_seqlen → decode_dc(w) on buffers owned by this system.
   void capture(const HostRows& row, const std::vector<float>& q, bool windowed,
                std::optional<float> scale) {
+    // Until the new graph exists: the old one points at the buffers replaced below, and a
+    // capture that throws must not leave it to be replayed.
+    captured_ = false;
     chain_k_ = DeviceBuffer(row.k_bytes.size());
     chain_v_ = DeviceBuffer(row.v_bytes.size());
     chain_q_ = DeviceBuffer(q.size() * sizeof(float));
