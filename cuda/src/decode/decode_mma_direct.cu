@@ -1,7 +1,8 @@
 // Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8): the default kernel
-// for head dim 128 (gqa ≤ 8 on one mma n-tile of 8 query heads, gqa 9..16 on two, kNT = 2, that
-// share each K and V operand) and for head dim 256 with gqa ≤ 8 (two 128-dim slices, each read
-// and converted as head dim 128's). Same contract as
+// for head dim 128 (8 query rows on one mma n-tile; 16 on two, kNT = 2, that share each K and V
+// operand) and for head dim 256 by 8 rows (two 128-dim slices, each read and converted as head
+// dim 128's). A block takes rows [row0, row0 + nrows) of its KV head: all of them, or one of the
+// row blocks a plan splits gqa > 8 into (plan.cpp, row_chunks). Same contract as
 // decode_mma.cu (grid, partition of the live view in 64-key granules, partial format, device-mode
 // checks, merge kernel) and the same rounding points, point for point (kvlayer/accuracy.hpp
 // (1)–(5)):
