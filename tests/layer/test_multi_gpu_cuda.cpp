@@ -465,6 +465,17 @@ TEST(CurrentDevice, AGuardForADeviceThatDoesNotExistThrowsAndChangesNothing) {
   EXPECT_EQ(cudaGetLastError(), cudaSuccess) << "the failure is not left as the last error";
 }
 
+// A destructor's guard on the device already current switches nothing, so a non-sticky error
+// the caller has not read yet stays its last error.
+TEST(CurrentDevice, ANoThrowGuardLeavesTheCallersLastErrorAlone) {
+  KVLAYER_REQUIRE_GPU();
+  void* p = nullptr;
+  ASSERT_EQ(cudaMalloc(&p, std::size_t(1) << 60), cudaErrorMemoryAllocation);  // 1 EiB
+  { const DeviceGuard g(current_device(), std::nothrow); }
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
 // ---- two GPUs
 // --------------------------------------------------------------------------------------
 

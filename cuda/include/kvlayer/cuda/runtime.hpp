@@ -40,10 +40,10 @@ inline void check_cuda(cudaError_t err, const char* call) {
 /// NOTE: in the fault-injection build (kvlayer_cuda_fault, tests only) an armed fault makes the
 /// call return its error without running; the normal build evaluates the call and nothing else.
 #ifdef KVLAYER_FAULT_INJECTION
-#define KVLAYER_CUDA_TRY_NAMED(call, name)                                                  \
+#define KVLAYER_CUDA_TRY_NAMED(call, name)                                          \
   ::kvlayer::cuda::check_cuda(::kvlayer::cuda::fault::internal::intercept(          \
-                                          (name), [&]() -> cudaError_t { return (call); }), \
-                                      (name))
+                                  (name), [&]() -> cudaError_t { return (call); }), \
+                              (name))
 #else
 #define KVLAYER_CUDA_TRY_NAMED(call, name) ::kvlayer::cuda::check_cuda((call), (name))
 #endif
@@ -175,8 +175,12 @@ class DeviceGuard {
       (void)cudaGetLastError();
       return;
     }
-    if (previous_ != device) switched_ = cudaSetDevice(device) == cudaSuccess;
-    if (!switched_) (void)cudaGetLastError();
+    if (previous_ != device) {
+      switched_ = cudaSetDevice(device) == cudaSuccess;
+      // A failed switch is left as the last error: cleared here. A guard that switches nothing
+      // leaves the caller's own last error alone.
+      if (!switched_) (void)cudaGetLastError();
+    }
   }
   ~DeviceGuard() {
     if (switched_) (void)cudaSetDevice(previous_);
