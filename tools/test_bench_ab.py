@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """CPU checks of tools/bench-ab (no GPU, standard library only): the bench-output parser, and a
 whole --unpack run over fake builds (shell scripts printing `kvlayer bench` lines) whose rows,
-medians, ratios and spreads are checked, the round-robin order included; the refusals.
+medians, ratios and spreads are checked, the round-robin order included; a --variant run (a
+packed build under an environment variable); the refusals.
 
     python3 tools/test_bench_ab.py        (exit 0: all passed)
 """
@@ -80,6 +81,30 @@ with tempfile.TemporaryDirectory() as tmp:
         check(f.read().split() == ["old", "new", "old", "new"], "run: rounds alternate builds")
     check(sorted(os.listdir(keep)) == ["new-1.txt", "new-2.txt", "old-1.txt", "old-2.txt"],
           "run: --out keeps every run's output")
+
+    # A variant runs a packed build under extra environment variables, in the round-robin.
+    with open(os.path.join(tmp, "envy"), "w") as f:
+        f.write("#!/bin/sh\n"
+                f"echo envy-$AB_KNOB >> {order}\n"
+                f"case \"$AB_KNOB\" in on) cat {tmp}/new.0;; *) cat {tmp}/old.0;; esac\n")
+    os.chmod(os.path.join(tmp, "envy"), 0o755)
+    envy = os.path.join(tmp, "envy.tar.xz")
+    with tarfile.open(envy, "w:xz") as tar:
+        tar.add(os.path.join(tmp, "envy"), arcname="envy")
+    os.remove(order)
+    p = subprocess.run([sys.executable, SCRIPT, "--unpack", envy, "--rounds", "1",
+                        "--variant", "knob=envy:AB_KNOB=on"], capture_output=True, text=True)
+    lines = p.stdout.strip().splitlines()
+    dc = [l for l in lines if l.startswith("decode_dc |")]
+    check(p.returncode == 0 and len(dc) == 1
+          and dc[0].split(" | ")[5:] == ["10.00", "0.00", "9.00", "0.900", "0.00"],
+          f"variant: {p.returncode} {p.stderr!r} {dc}")
+    with open(order) as f:
+        check(f.read().split() == ["envy-", "envy-on"], "variant: runs the build with its variable")
+    p = subprocess.run([sys.executable, SCRIPT, "--unpack", envy, "--variant", "knob=other:X=1"],
+                       capture_output=True, text=True)
+    check(p.returncode != 0 and "'knob=other:X=1' is not NAME=BUILD:VAR=VALUE" in p.stderr,
+          f"variant of no packed build: {p.returncode} {p.stderr!r}")
 
     # A build that fails names itself and its round.
     with open(os.path.join(tmp, "bad"), "w") as f:
