@@ -135,14 +135,15 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
       {128, 16, 0, DecodeKernel::mma, SplitKernel::mma_direct, 16},
       {128, 9, 0, DecodeKernel::mma, SplitKernel::mma_direct, 16},
       {64, 8, 0, DecodeKernel::mma, SplitKernel::mma_staged, 8},
-      {256, 8, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
-      {256, 1, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
+      {256, 8, 0, DecodeKernel::mma, SplitKernel::mma_bulk, 8},
+      {256, 1, 0, DecodeKernel::mma, SplitKernel::mma_bulk, 8},
       {256, 12, 0, DecodeKernel::mma, SplitKernel::mma_staged, 16},
       {256, 3, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 4},
       {64, 16, 0, DecodeKernel::cuda_core, SplitKernel::cuda_core, 16},
       // A verify of one query is a decode on tensor cores, whatever the family.
       {128, 8, 1, DecodeKernel::cuda_core, SplitKernel::mma_direct, 8},
       {64, 16, 1, DecodeKernel::mma, SplitKernel::mma_staged, 16},
+      {256, 4, 1, DecodeKernel::cuda_core, SplitKernel::mma_bulk, 8},
       // Verify of T >= 2 at head dim 128: 16, 32 or 64 query rows per block by T·gqa.
       {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
       {128, 8, 4, DecodeKernel::mma, SplitKernel::mma_verify, 32},
@@ -166,6 +167,7 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
         << cuda::detail::split_kernel_name(got.kernel) << " rows " << got.rows << ", expected "
         << cuda::detail::split_kernel_name(c.kernel) << " rows " << c.rows;
   }
+  EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_bulk), "mma_bulk");
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify), "mma_verify");
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify_staged),
                "mma_verify_staged");

@@ -28,7 +28,10 @@ enum class DecodeKernel {
 /// Every split kernel of the decode (all write the same partials; one merge, merge.cu).
 enum class SplitKernel {
   cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
-  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128, 256 by 8 rows
+  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128 (8 or 16 rows)
+  /// decode_mma_direct.cu's bulk instance: head dim 256 by 8 rows, the same arithmetic, its
+  /// tiles brought by the copy engine (tensor-map boxes) into a per-warp shared-memory ring
+  mma_bulk,
   mma_staged,  ///< decode_mma.cu: cp.async stages per warp; head dim 64, 256 by 16 rows
   mma_verify,  ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dims 128, 256
   mma_verify_staged,  ///< decode_mma.cu: verify decodes of T ≥ 2, head dim 64

@@ -381,8 +381,8 @@ cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, dim3 grid, cud
 /// block (select_split_kernel's).
 cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_mma_direct.cu: the register-direct tensor-core split kernel for head dim 128 and
-/// `rows` 8 or 16 query heads, or head dim 256 and 8.
+/// decode_mma_direct.cu: the tensor-core split kernel for head dim 128 and `rows` 8 or 16 query
+/// heads (register-direct loads), or head dim 256 and 8 (bulk loads: SplitKernel::mma_bulk).
 cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
 

@@ -1,7 +1,7 @@
-// Split-K flash-decoding on tensor cores with register-direct loads (SPEC §8): the default kernel
-// for head dim 128 (8 query rows on one mma n-tile; 16 on two, kNT = 2, that share each K and V
-// operand) and for head dim 256 by 8 rows (two 128-dim slices, each read and converted as head
-// dim 128's). A block takes rows [row0, row0 + nrows) of its KV head: all of them, or one of the
+// Split-K flash-decoding on tensor cores (SPEC §8): the default kernel for head dim 128, with
+// register-direct loads (8 query rows on one mma n-tile; 16 on two, kNT = 2, that share each K
+// and V operand), and for head dim 256 by 8 rows with bulk loads (two 128-dim slices, each read
+// and converted as head dim 128's; SplitKernel::mma_bulk). A block takes rows [row0, row0 + nrows) of its KV head: all of them, or one of the
 // row blocks a plan splits gqa > 8 into (plan.cpp, row_chunks). Same contract as
 // decode_mma.cu (grid, partition of the live view in 64-key granules, partial format, device-mode
 // checks, merge kernel) and the same rounding points, point for point (kvlayer/accuracy.hpp
@@ -35,6 +35,17 @@
 //  - q5 → fp16 without a per-value byte gather: nibble and high bit are merged into an fp16
 //    with a biased exponent (0x6400: 1024 + q for a nibble in bits 0..3, 0x5400: 64 + q for
 //    one in bits 4..7, mantissa bits 0..3 zero), minus the bias (exact), then HFMA2.
+//
+// ---- Bulk loads (head dim 256) -----------------------------------------------------------------
+// Head dim 256's operands are two tiles' worth of registers too many to double-buffer at 2
+// blocks per SM. Its warps instead keep a ring of BulkRing::kStages tiles in shared memory: lane 0
+// copies a whole tile as one tensor-map box per plane (the copy engine; rows of 272 and 192
+// bytes, 16-byte aligned) and the warp reads the tile back in load_tile's register layout once
+// its mbarrier has counted the bytes. Measured: −8% at 64K–128K keys (bench/NOTES.md, session 13).
+// At head dim 128 the same ring lost 14–19% (its 136-byte K rows need 144-byte windows; one
+// box per 16 short rows; ncu: L2 77% busy, DRAM 50%) and per-row copies 60%.
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -45,6 +56,7 @@
 #include "decode/decode_common.cuh"
 #include "decode/mma_fragments.cuh"
 #include "decode/partition.hpp"
+#include "bulk_copy.cuh"
 #include "device_status.cuh"
 
 namespace kvlayer::cuda::detail::decode_impl {
@@ -105,6 +117,31 @@ __host__ __device__ constexpr bool k_pairs_cover_blocks() {
 }
 static_assert(k_pairs_cover_blocks());
 
+/// The bulk instance's shared memory (head dim 256): a ring of kStages stages per warp, each one
+/// 16-key warp tile, its 16 K rows then its 16 V rows packed (as a tensor-map box lands them),
+/// released by one mbarrier per stage. The ring holds a warp's next tile in flight on the copy
+/// engine, where the register-direct instances hold it in registers.
+struct BulkRing {
+  static constexpr int kKBytes = k_head_bytes(256), kVBytes = v_head_bytes(256);
+  static constexpr int kStageBytes = kDecodeMmaWarpKeys * (kKBytes + kVBytes);
+  /// 2, measured best (bench/NOTES.md, session 13: 3 stages +2% at 128K, 4 more).
+  static constexpr int kStages = 2;
+  static constexpr int kBytes = kWarps * kStages * kStageBytes;
+  static constexpr unsigned kTx = kDecodeMmaWarpKeys * (kKBytes + kVBytes);
+  /// Tensor-map element bytes: a box row holds at most 256 elements (a K row is 136 of 2 B).
+  static constexpr int kElem = 2;
+  // 16-byte rows and heads (copy sizes and addresses), 128-byte stages (box destinations).
+  static_assert(kKBytes % 16 == 0 && kVBytes % 16 == 0);
+  static_assert(kStageBytes % 128 == 0 && (kDecodeMmaWarpKeys * kKBytes) % 128 == 0);
+};
+
+/// The K and V planes as 2-D tensor maps (rows × row elements) for the bulk instance's whole
+/// tiles, built at launch (plane_maps); valid = 0: every tile by per-row copies.
+struct PlaneMaps {
+  CUtensorMap k, v;
+  int valid;
+};
+
 /// One lane's operands of a 16-key warp tile of kSlices slices, loaded straight from global
 /// memory.
 template <int kSlices>
@@ -146,10 +183,11 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
 
 /// One block per (split, KV head); 4 independent warps, warp w owning warp tiles w, w + 4, ….
 /// Head dim kD (128 or 256: kD / 128 slices); kNT mma n-tiles of 8 query heads each (head
-/// 8·n + g of n-tile n).
-template <int kD, int kNT>
+/// 8·n + g of n-tile n). kBulk (head dim 256): the tiles come through the warp's BulkRing on the
+/// copy engine instead of straight into registers.
+template <int kD, int kNT, bool kBulk>
 __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT))
-    decode_split_mma_direct_kernel(const SplitParams p) {
+    decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
   constexpr int kSlices = kD / kSliceDims;
   constexpr int kBlocks = kD / 32;
   constexpr int kHeads = 8 * kNT;  // query heads of the block (≥ gqa; the rest are zero rows)
@@ -160,7 +198,15 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   // for q̃'s 32 registers (in registers it spilled 188 bytes at 255).
   constexpr bool kQInSmem = kSlices > 1;
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
-  __shared__ __align__(16) float o_s[kWarps][kHeads][kOStride];
+  static_assert(!kBulk || kD == 256);
+  using Ring = BulkRing;
+  // Bulk: the merge staging reuses the ring once every warp is done with it.
+  using OStage = float[kWarps][kHeads][kOStride];
+  __shared__ __align__(16) float o_static[kBulk ? 1 : kWarps][kHeads][kOStride];
+  extern __shared__ __align__(128) std::uint8_t ring[];
+  __shared__ std::uint64_t bars[kBulk ? kWarps * Ring::kStages : 1];
+  static_assert(!kBulk || sizeof(OStage) <= Ring::kBytes);
+  OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
   __shared__ uint4 q_s[kQInSmem ? kNT * kBlocks : 1][32];  // lane's (ks, j) regs of (n, b)
 
   const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
@@ -172,6 +218,51 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
   const int hv = g & 1;                   // the V half this lane group owns
   const int G = p.gqa;
+
+  // Bulk: the first kStages tiles' copies go out before q̃ is built (they hold no registers).
+  // NOTE: the register-direct instances keep their own (later) definitions of the tile range:
+  // moved here, they changed ptxas's schedule of <128, 1> and <128, 2> (1-5% slower).
+  const long long lo_b = range.lo, hi_b = range.hi;
+  auto stage_of = [&](int s) { return ring + (warp * Ring::kStages + s) * Ring::kStageBytes; };
+  // Issues the copies of this warp's i-th tile into stage s: a whole tile as one box per plane
+  // (lane 0); a split's partial last tile (or no tensor maps) row by row, lane r < 16 K row r,
+  // lane 16 + r V row r, rows past the split's end copying its last key (their p is 0).
+  auto issue_tile = [&](int s, int i) {
+    const long long key0 = lo_b + (long long)(warp + kWarps * i) * kWK;
+    std::uint8_t* stage = stage_of(s);
+    std::uint64_t* bar = &bars[warp * Ring::kStages + s];
+    if (maps.valid && hi_b - key0 >= kWK) {
+      if (lane == 0) {
+        mbarrier_arrive_expect_tx(bar, Ring::kTx);
+        const int y = static_cast<int>(key0 - range.base);
+        tensor_copy_2d_to_shared(stage, &maps.k, kv * Ring::kKBytes / Ring::kElem, y, bar);
+        tensor_copy_2d_to_shared(stage + kWK * Ring::kKBytes, &maps.v,
+                                 kv * Ring::kVBytes / Ring::kElem, y, bar);
+      }
+      return;
+    }
+    const int row = lane & 15;
+    const int key = hi_b - key0 < kWK ? min(row, static_cast<int>(hi_b - key0) - 1) : row;
+    const long long phys = key0 - range.base + key;
+    if (lane == 0) mbarrier_arrive_expect_tx(bar, Ring::kTx);
+    __syncwarp();
+    if (lane < 16)
+      bulk_copy_to_shared(stage + row * Ring::kKBytes,
+                          p.k_plane + (long long)kv * Ring::kKBytes + phys * p.k_tok_bytes,
+                          Ring::kKBytes, bar);
+    else
+      bulk_copy_to_shared(stage + kWK * Ring::kKBytes + row * Ring::kVBytes,
+                          p.v_plane + (long long)kv * Ring::kVBytes + phys * p.v_tok_bytes,
+                          Ring::kVBytes, bar);
+  };
+  if constexpr (kBulk) {
+    const int n_wt_b = static_cast<int>((hi_b - lo_b + kWK - 1) / kWK);
+    const int my_tiles_b = n_wt_b > warp ? (n_wt_b - warp + kWarps - 1) / kWarps : 0;
+    if (lane == 0)
+      for (int s = 0; s < Ring::kStages; ++s) mbarrier_init(&bars[warp * Ring::kStages + s], 1);
+    __syncwarp();
+    for (int s = 0; s < Ring::kStages && s < my_tiles_b; ++s) issue_tile(s, s);
+  }
 
   // ---- q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b % 4, reg ks,
   // h j) of block b (slice b / 4) of the block's query row 8·n + g, head row0 + 8·n + g of the
@@ -285,6 +376,38 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
             reinterpret_cast<const std::uint8_t*>(v_tile + vo[j]) + kVSliceBytes * c;
         r.vh[c][j] = load_u2(src);
         r.vq[c][j] = load_u2(src + 8 + 8 * hv);
+      }
+  };
+
+  // Bulk: reads this warp's tile from stage s, once its copies have landed, into the register
+  // layout load_tile gives (rows past the split's end hold its last key, as load_tile's).
+  auto read_tile = [&](TileRegs<kSlices>& r, int s, unsigned parity) {
+    mbarrier_wait(&bars[warp * Ring::kStages + s], parity);
+    const std::uint8_t* stage = stage_of(s);
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int c = 0; c < kSlices; ++c) {
+        const std::uint8_t* src = stage + k_key[j] * Ring::kKBytes + kKSliceBytes * c + 8 * t;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint2 x = *reinterpret_cast<const uint2*>(src + 32 * w);
+          r.k[j][c][2 * w] = x.x;
+          r.k[j][c][2 * w + 1] = x.y;
+        }
+        uint2 x = make_uint2(0u, 0u);
+        if (t == 0) x = *reinterpret_cast<const uint2*>(src + 128);
+        r.k[j][c][8] = x.x;
+        r.k[j][c][9] = x.y;
+      }
+    const std::uint8_t* v_stage = stage + kWK * Ring::kKBytes + kQ5_1BlockBytes * (g >> 1);
+#pragma unroll
+    for (int c = 0; c < kSlices; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint8_t* src = v_stage + v_key[j] * Ring::kVBytes + kVSliceBytes * c;
+        r.vh[c][j] = *reinterpret_cast<const uint2*>(src);
+        r.vq[c][j] = *reinterpret_cast<const uint2*>(src + 8 + 8 * hv);
       }
   };
 
@@ -501,14 +624,34 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   // NOTE: a shared-memory pipeline (lane-private cp.async stages, 2 tiles ahead, 4 blocks per
   // SM) measured 160 µs against this version's 102–110 µs at 128K keys, and an L2 bulk prefetch
   // two tiles ahead 141 µs (bench/NOTES.md).
-  TileRegs<kSlices> buf0, buf1;
-  if (my_tiles > 0) load_tile(buf0, 0);
-  for (int i = 0; i < my_tiles; i += 2) {
-    if (i + 1 < my_tiles) load_tile(buf1, i + 1);
-    compute_tile(buf0, i);
-    if (i + 1 < my_tiles) {
-      if (i + 2 < my_tiles) load_tile(buf0, i + 2);
-      compute_tile(buf1, i + 1);
+  if constexpr (kBulk) {
+    TileRegs<kSlices> r;
+    int s = 0;
+    unsigned parity = 0;
+    for (int i = 0; i < my_tiles; ++i) {
+      read_tile(r, s, parity);
+      compute_tile(r, i);
+      // The stage is free: compute_tile's warp-wide mma consumed every lane's reads of it.
+      if (i + Ring::kStages < my_tiles) {
+        __syncwarp();
+        issue_tile(s, i + Ring::kStages);
+      }
+      if (++s == Ring::kStages) {
+        s = 0;
+        parity ^= 1u;
+      }
+    }
+    __syncthreads();  // every warp is done with the ring before o_s reuses it
+  } else {
+    TileRegs<kSlices> buf0, buf1;
+    if (my_tiles > 0) load_tile(buf0, 0);
+    for (int i = 0; i < my_tiles; i += 2) {
+      if (i + 1 < my_tiles) load_tile(buf1, i + 1);
+      compute_tile(buf0, i);
+      if (i + 1 < my_tiles) {
+        if (i + 2 < my_tiles) load_tile(buf0, i + 2);
+        compute_tile(buf1, i + 1);
+      }
     }
   }
 
@@ -539,29 +682,78 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
                                              &o_s[0][0][0], kOStride);
 }
 
-/// The kernel instance for (head_dim, rows): 128 × 8, 128 × 16 or 256 × 8; null otherwise.
-using DirectKernel = void (*)(SplitParams);
-DirectKernel direct_kernel(int head_dim, int rows) {
-  if (head_dim == 128 && rows == 8) return decode_split_mma_direct_kernel<128, 1>;
-  if (head_dim == 128 && rows == 16) return decode_split_mma_direct_kernel<128, 2>;
-  if (head_dim == 256 && rows == 8) return decode_split_mma_direct_kernel<256, 1>;
-  return nullptr;
+/// The kernel instance for (head_dim, rows): 128 × 8 and 128 × 16 register-direct, 256 × 8 bulk,
+/// with its dynamic shared memory; null otherwise.
+struct DirectInstance {
+  void (*kernel)(SplitParams, PlaneMaps) = nullptr;
+  int smem = 0;
+};
+DirectInstance direct_kernel(int head_dim, int rows) {
+  if (head_dim == 128 && rows == 8) return {decode_split_mma_direct_kernel<128, 1, false>, 0};
+  if (head_dim == 128 && rows == 16) return {decode_split_mma_direct_kernel<128, 2, false>, 0};
+  if (head_dim == 256 && rows == 8)
+    return {decode_split_mma_direct_kernel<256, 1, true>, BulkRing::kBytes};
+  return {};
+}
+
+cudaError_t prepare(const DirectInstance& k) {
+  if (k.kernel == nullptr) return cudaErrorInvalidValue;
+  if (k.smem == 0) return cudaSuccess;
+  if (const cudaError_t err =
+          cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
+      err != cudaSuccess)
+    return err;
+  // NOTE: the default carveout left room for 2 of the 3 blocks per SM the plan counts on (a
+  // second wave: +58% at 128K keys) when the bulk ring was tried at head dim 128.
+  return cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                              cudaSharedmemCarveoutMaxShared);
+}
+
+/// The planes of a head dim 256 launch as 2-D tensor maps (rows × row bytes in 2-byte elements)
+/// whose box is one warp tile of one head; valid = 0 (every tile by per-row copies) where the
+/// driver has no encoder or refuses.
+PlaneMaps plane_maps(const SplitParams& sp) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      fn = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  PlaneMaps m{};
+  if (encode == nullptr) return m;
+  auto make = [&](CUtensorMap* map, const std::uint8_t* plane, long long tok, int row_bytes) {
+    const cuuint64_t dims[2] = {cuuint64_t(tok / BulkRing::kElem), cuuint64_t(sp.view.rows)};
+    const cuuint64_t strides[1] = {cuuint64_t(tok)};
+    const cuuint32_t box[2] = {cuuint32_t(row_bytes / BulkRing::kElem), cuuint32_t(kWK)};
+    const cuuint32_t unit[2] = {1, 1};
+    return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, const_cast<std::uint8_t*>(plane), dims,
+                  strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                  CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  };
+  m.valid = sp.view.rows >= 1 && make(&m.k, sp.k_plane, sp.k_tok_bytes, BulkRing::kKBytes) &&
+            make(&m.v, sp.v_plane, sp.v_tok_bytes, BulkRing::kVBytes);
+  return m;
 }
 
 }  // namespace
 
 cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
-  const DirectKernel kernel = direct_kernel(head_dim, rows);
-  if (kernel == nullptr) return cudaErrorInvalidValue;
-  kernel<<<grid, kThreads, 0, stream>>>(sp);
+  const DirectInstance k = direct_kernel(head_dim, rows);
+  if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
+  const PlaneMaps maps = k.smem > 0 ? plane_maps(sp) : PlaneMaps{};
+  k.kernel<<<grid, kThreads, k.smem, stream>>>(sp, maps);
   return cudaGetLastError();
 }
 
 cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, int* blocks) {
-  const DirectKernel kernel = direct_kernel(head_dim, rows);
-  if (kernel == nullptr) return cudaErrorInvalidValue;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, 0);
+  const DirectInstance k = direct_kernel(head_dim, rows);
+  if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k.kernel, kThreads, k.smem);
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl

@@ -72,6 +72,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
       err = launch_split_cuda_core(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_direct:
+    case SplitKernel::mma_bulk:
       err = launch_split_mma_direct(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_staged:
@@ -95,7 +96,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
 
 cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks) {
   const SplitChoice choice = select_split_kernel(plan, 0);
-  if (choice.kernel == SplitKernel::mma_direct)
+  if (choice.kernel == SplitKernel::mma_direct || choice.kernel == SplitKernel::mma_bulk)
     return split_mma_direct_resident_blocks(plan.head_dim, choice.rows, blocks);
   if (choice.kernel == SplitKernel::mma_staged)
     return split_mma_staged_resident_blocks(plan.head_dim, choice.rows, blocks);

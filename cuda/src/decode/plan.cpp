@@ -74,15 +74,17 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   // rows (row_chunks), at 3 per SM at head dim 128, the second reading the keys from L2.
   // Measured (bench/NOTES.md, session 12): 1 × 128 gqa 16 (16 to 171 of 264 slots) −1.2 µs at
   // 1K to −0.7 µs at 128K; 8 × 128 gqa 16 at 4K (256 of 264) +0.5 µs, at 128K +34%.
+  // Only the direct kernel's instances take 8 of 16 rows (not the staged kernel of head dim 64).
+  const bool rows_can_split = mma && gqa > 8 && head_dim != 64;
   const std::int64_t slots =
       std::int64_t(decode_mma_blocks_per_sm(head_dim, 16)) * multiprocessor_count;
-  p.split_rows = mma && gqa > 8 && head_dim != 64 && 4 * n_kv_heads * max_splits < 3 * slots;
+  p.split_rows = rows_can_split && 4 * n_kv_heads * max_splits < 3 * slots;
   // NOTE: the harness's geometries always split (few KV heads, short views); its campaign runs
   // part of its processes with KVLAYER_DECODE_ROWS=whole so that the 16-row kernels are proven.
   if (const char* env = std::getenv("KVLAYER_DECODE_ROWS")) {
     const std::string_view v(env);
     if (v == "split" || v == "whole")
-      p.split_rows = mma && gqa > 8 && head_dim != 64 && v == "split";
+      p.split_rows = rows_can_split && v == "split";
     else if (v != "auto")
       refuse(op, "KVLAYER_DECODE_ROWS=", v, " is not a row choice (supported: auto, split, whole)");
   }
@@ -166,8 +168,8 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
     return {SplitKernel::cuda_core, rows};
   }
   const int rows = plan.gqa <= 8 || plan.split_rows ? 8 : 16;
-  if (plan.head_dim == 128 || (plan.head_dim == 256 && rows == 8))
-    return {SplitKernel::mma_direct, rows};
+  if (plan.head_dim == 128) return {SplitKernel::mma_direct, rows};
+  if (plan.head_dim == 256 && rows == 8) return {SplitKernel::mma_bulk, rows};
   return {SplitKernel::mma_staged, rows};
 }
 
@@ -177,6 +179,8 @@ const char* split_kernel_name(SplitKernel kernel) {
       return "cuda_core";
     case SplitKernel::mma_direct:
       return "mma_direct";
+    case SplitKernel::mma_bulk:
+      return "mma_bulk";
     case SplitKernel::mma_staged:
       return "mma_staged";
     case SplitKernel::mma_verify:
