@@ -193,10 +193,9 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   constexpr int kHeads = 8 * kNT;  // query heads of the block (≥ gqa; the rest are zero rows)
   constexpr int kMTiles = 8 * kSlices;  // PV m-tiles of 16 dims (8 per slice)
   constexpr int kOStride = kD + 4;      // merge staging row (floats)
-  // NOTE: head dim 256 keeps q̃ in shared memory (one 16-byte read per block and n-tile in the
-  // QK loop): its two slices of operands, double-buffered, and 64 accumulators leave no room
-  // for q̃'s 32 registers (in registers it spilled 188 bytes at 255).
-  constexpr bool kQInSmem = kSlices > 1;
+  // NOTE: q̃ stays in registers at head dim 256 too (238 at its 255 cap): the bulk ring holds the
+  // next tile, so only one tile of operands is live. Measured: −3.5% at 64K–128K keys against q̃
+  // in shared memory, +2–3% at 4K (bench/NOTES.md, session 13).
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
   static_assert(!kBulk || kD == 256);
   using Ring = BulkRing;
@@ -207,7 +206,6 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   __shared__ std::uint64_t bars[kBulk ? kWarps * Ring::kStages : 1];
   static_assert(!kBulk || sizeof(OStage) <= Ring::kBytes);
   OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
-  __shared__ uint4 q_s[kQInSmem ? kNT * kBlocks : 1][32];  // lane's (ks, j) regs of (n, b)
 
   const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
@@ -286,27 +284,10 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
           qb[n][b][ks][j] = pack_f16x2(x0, x1);
         }
   }
-  if constexpr (kQInSmem) {
-    if (warp == 0) {
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b)
-          q_s[n * kBlocks + b][lane] =
-              make_uint4(qb[n][b][0][0], qb[n][b][0][1], qb[n][b][1][0], qb[n][b][1][1]);
-    }
-    __syncthreads();  // block-uniform: every thread of an active block gets here
-  }
   // The QK B fragment (k-step ks) of block b, n-tile n.
   auto q_fragment = [&](int n, int b, int ks, unsigned& b0, unsigned& b1) {
-    if constexpr (kQInSmem) {
-      const uint4 x = q_s[n * kBlocks + b][lane];
-      b0 = ks == 0 ? x.x : x.z;
-      b1 = ks == 0 ? x.y : x.w;
-    } else {
-      b0 = qb[n][b][ks][0];
-      b1 = qb[n][b][ks][1];
-    }
+    b0 = qb[n][b][ks][0];
+    b1 = qb[n][b][ks][1];
   };
   const unsigned sel_a = t == 0 ? 0x5432u : 0x3210u;
   const unsigned sel_b = t == 0 ? 0x7654u : 0x3210u;
