@@ -1,6 +1,7 @@
 // Bulk asynchronous copies (sm_90 cp.async.bulk, the copy engine behind TMA) and the mbarriers
-// that count their bytes: the decode's bulk-load kernel (decode/decode_mma_direct.cu) fills a
-// per-warp ring of shared-memory stages with them.
+// that count their bytes: the decode's bulk instance (decode/decode_mma_direct.cu) fills a
+// per-warp ring of shared-memory stages with them, and `kvlayer probe` (tools/kvlayer) times
+// access patterns with them.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -29,7 +30,13 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* bar, un
                : "memory");
 }
 
-/// Waits until the phase of `bar` with parity `parity` has completed (its arrivals and bytes).
+/// One arrival on `bar` (release: the caller's earlier shared-memory reads are done).
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(shared_address(bar)) : "memory");
+}
+
+/// Waits until the phase of `bar` with parity `parity` has completed (its arrivals and bytes;
+/// acquire: the copies counted on it are visible).
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* bar, unsigned parity) {
   const unsigned a = shared_address(bar);
   unsigned done = 0;

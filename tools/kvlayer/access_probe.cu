@@ -234,10 +234,9 @@ __global__ void __launch_bounds__(32 * (kHeads + 1))
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (threadIdx.x == 0) {
     for (int st = 0; st < kStages; ++st) {
-      barrier_init(&full[st], 1);
-      barrier_init(&empty[st], kHeads);
+      cuda::detail::mbarrier_init(&full[st], 1);
+      cuda::detail::mbarrier_init(&empty[st], kHeads);
     }
-    fence_barrier_init();
   }
   __syncthreads();
   long long lo = (pl.keys * blockIdx.x / gridDim.x) & ~15LL;
@@ -248,24 +247,26 @@ __global__ void __launch_bounds__(32 * (kHeads + 1))
   if (warp == kHeads) {  // producer
     for (int i = 0; i < tiles; ++i) {
       const int st = i % kStages;
-      if (i >= kStages) barrier_wait(&empty[st], ((i / kStages) + 1) & 1);
+      if (i >= kStages) cuda::detail::mbarrier_wait(&empty[st], ((i / kStages) + 1) & 1);
       const long long row0 = lo + (long long)kRows * i;
       const int rows = static_cast<int>(hi - row0 < kRows ? hi - row0 : kRows);
-      if (lane == 0) barrier_arrive_expect_bytes(&full[st], unsigned(rows * (kKRow + kVRow)));
+      if (lane == 0)
+        cuda::detail::mbarrier_arrive_expect_tx(&full[st], unsigned(rows * (kKRow + kVRow)));
       __syncwarp();
       std::uint8_t* stage = smem + st * kStageBytes;
       for (int r = lane; r < 2 * rows; r += 32) {
         if (r < rows)
-          bulk_copy_to_shared(stage + r * kKStageRow, pl.k + (row0 + r) * kKRow, kKRow, &full[st]);
+          cuda::detail::bulk_copy_to_shared(stage + r * kKStageRow, pl.k + (row0 + r) * kKRow,
+                                            kKRow, &full[st]);
         else
-          bulk_copy_to_shared(stage + kRows * kKStageRow + (r - rows) * kVStageRow,
-                              pl.v + (row0 + r - rows) * kVRow, kVRow, &full[st]);
+          cuda::detail::bulk_copy_to_shared(stage + kRows * kKStageRow + (r - rows) * kVStageRow,
+                                            pl.v + (row0 + r - rows) * kVRow, kVRow, &full[st]);
       }
     }
   } else {  // consumer: head `warp`
     for (int i = 0; i < tiles; ++i) {
       const int st = i % kStages;
-      barrier_wait(&full[st], (i / kStages) & 1);
+      cuda::detail::mbarrier_wait(&full[st], (i / kStages) & 1);
       const std::uint8_t* stage = smem + st * kStageBytes;
 #pragma unroll
       for (int sub = 0; sub < kRows / 16; ++sub)
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(32 * (kHeads + 1))
                               stage + kRows * kKStageRow + 16 * sub * kVStageRow + warp * kVHead,
                               kVStageRow, lane);
       __syncwarp();
-      if (lane == 0) barrier_arrive(&empty[st]);
+      if (lane == 0) cuda::detail::mbarrier_arrive(&empty[st]);
     }
   }
   if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc;

@@ -1,11 +1,11 @@
 // Split-K flash-decoding on tensor cores (SPEC §8): the default kernel for head dim 128, with
 // register-direct loads (8 query rows on one mma n-tile; 16 on two, kNT = 2, that share each K
 // and V operand), and for head dim 256 by 8 rows with bulk loads (two 128-dim slices, each read
-// and converted as head dim 128's; SplitKernel::mma_bulk). A block takes rows [row0, row0 + nrows) of its KV head: all of them, or one of the
-// row blocks a plan splits gqa > 8 into (plan.cpp, row_chunks). Same contract as
-// decode_mma.cu (grid, partition of the live view in 64-key granules, partial format, device-mode
-// checks, merge kernel) and the same rounding points, point for point (kvlayer/accuracy.hpp
-// (1)–(5)):
+// and converted as head dim 128's; SplitKernel::mma_bulk). A block takes rows [row0, row0 +
+// nrows) of its KV head: all of them, or one of the row blocks a plan splits gqa > 8 into
+// (plan.cpp, row_chunks). Same contract as decode_mma.cu (grid, partition of the live view in
+// 64-key granules, partial format, device-mode checks, merge kernel) and the same rounding
+// points, point for point (kvlayer/accuracy.hpp (1)–(5)):
 //  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh f32
 //      accumulator, × f32(d), blocks summed in block order: block 0 by __fmul_rn, each later
 //      block by fmaf(c, d, s) (one rounding where decode_mma.cu has two), × scale (__fmul_rn).
@@ -52,11 +52,11 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "bulk_copy.cuh"
 #include "decode/decode.hpp"
 #include "decode/decode_common.cuh"
 #include "decode/mma_fragments.cuh"
 #include "decode/partition.hpp"
-#include "bulk_copy.cuh"
 #include "device_status.cuh"
 
 namespace kvlayer::cuda::detail::decode_impl {
