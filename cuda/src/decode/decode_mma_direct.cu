@@ -200,6 +200,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   static_assert(!kBulk || kD == 256);
   using Ring = BulkRing;
   // Bulk: the merge staging reuses the ring once every warp is done with it.
+  // NOTE: indexed as this 3-D array: a flat float* moved ptxas's schedule of the direct
+  // instances (1–5% slower at every length, bench/NOTES.md, session 13).
   using OStage = float[kWarps][kHeads][kOStride];
   __shared__ __align__(16) float o_static[kBulk ? 1 : kWarps][kHeads][kOStride];
   extern __shared__ __align__(128) std::uint8_t ring[];
@@ -218,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   const int G = p.gqa;
 
   // Bulk: the first kStages tiles' copies go out before q̃ is built (they hold no registers).
-  // NOTE: the register-direct instances keep their own (later) definitions of the tile range:
-  // moved here, they changed ptxas's schedule of <128, 1> and <128, 2> (1-5% slower).
+  // The register-direct instances keep their own (later) definitions of the tile range, so that
+  // their code stays as measured (their SASS is unchanged by the bulk path).
   const long long lo_b = range.lo, hi_b = range.hi;
   auto stage_of = [&](int s) { return ring + (warp * Ring::kStages + s) * Ring::kStageBytes; };
   // Issues the copies of this warp's i-th tile into stage s: a whole tile as one box per plane
