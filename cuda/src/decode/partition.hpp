@@ -26,8 +26,8 @@ inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 /// (select_split_kernel's; shared memory and the register cap of its __launch_bounds__).
 /// decode_mma_direct.cu: head dim 128, 8 rows: 3 (two tiles of operands in registers at 168
 /// registers per thread); 16 rows: 2 (a second n-tile doubles q̃ and the accumulators); head dim
-/// 256, 8 rows: 2 (two slices of operands; 58 KB of bulk-load ring). decode_mma.cu: head dim 256, 16 rows: 2 (96 KB of
-/// stages); head dim 64: 4.
+/// 256, 8 rows: 2 (two slices of operands; 58 KB of bulk-load ring). decode_mma.cu: head dim 256,
+/// 16 rows: 2 (96 KB of stages); head dim 64: 4.
 __host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int rows) {
   return head_dim == 256 ? 2 : (head_dim == 128 ? (rows <= 8 ? 3 : 2) : 4);
 }
