@@ -49,8 +49,12 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "bulk_copy.cuh"
 #include "decode/decode.hpp"
@@ -679,22 +683,36 @@ DirectInstance direct_kernel(int head_dim, int rows) {
   return {};
 }
 
+/// Sets a bulk instance's shared-memory attributes, once per instance and device (they hold for
+/// the process; setting them at every launch cost host time on each eager decode).
 cudaError_t prepare(const DirectInstance& k) {
   if (k.kernel == nullptr) return cudaErrorInvalidValue;
   if (k.smem == 0) return cudaSuccess;
+  int device = 0;
+  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
+  static std::mutex mutex;
+  static std::vector<std::pair<const void*, int>> prepared;  // (kernel, device)
+  const std::lock_guard<std::mutex> lock(mutex);
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(k.kernel), device};
+  if (std::find(prepared.begin(), prepared.end(), key) != prepared.end()) return cudaSuccess;
   if (const cudaError_t err =
           cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, k.smem);
       err != cudaSuccess)
     return err;
   // NOTE: the default carveout left room for 2 of the 3 blocks per SM the plan counts on (a
   // second wave: +58% at 128K keys) when the bulk ring was tried at head dim 128.
-  return cudaFuncSetAttribute(k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                              cudaSharedmemCarveoutMaxShared);
+  if (const cudaError_t err = cudaFuncSetAttribute(
+          k.kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+      err != cudaSuccess)
+    return err;
+  prepared.push_back(key);
+  return cudaSuccess;
 }
 
 /// The planes of a head dim 256 launch as 2-D tensor maps (rows × row bytes in 2-byte elements)
 /// whose box is one warp tile of one head; valid = 0 (every tile by per-row copies) where the
-/// driver has no encoder or refuses.
+/// driver has no encoder or refuses. The last planes' maps are kept per host thread: they depend
+/// only on the planes' addresses and shapes, and encoding them took host time at every launch.
 PlaneMaps plane_maps(const SplitParams& sp) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
@@ -705,6 +723,15 @@ PlaneMaps plane_maps(const SplitParams& sp) {
       fn = nullptr;
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
+  struct Last {
+    const std::uint8_t *k = nullptr, *v = nullptr;
+    long long rows = -1, k_tok = 0, v_tok = 0;
+    PlaneMaps maps{};
+  };
+  thread_local Last last;
+  if (last.k == sp.k_plane && last.v == sp.v_plane && last.rows == sp.view.rows &&
+      last.k_tok == sp.k_tok_bytes && last.v_tok == sp.v_tok_bytes)
+    return last.maps;
   PlaneMaps m{};
   if (encode == nullptr) return m;
   auto make = [&](CUtensorMap* map, const std::uint8_t* plane, long long tok, int row_bytes) {
@@ -719,6 +746,7 @@ PlaneMaps plane_maps(const SplitParams& sp) {
   };
   m.valid = sp.view.rows >= 1 && make(&m.k, sp.k_plane, sp.k_tok_bytes, BulkRing::kKBytes) &&
             make(&m.v, sp.v_plane, sp.v_tok_bytes, BulkRing::kVBytes);
+  last = Last{sp.k_plane, sp.v_plane, sp.view.rows, sp.k_tok_bytes, sp.v_tok_bytes, m};
   return m;
 }
 
