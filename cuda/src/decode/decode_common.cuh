@@ -216,11 +216,15 @@ struct SplitRange {
 /// checks the view (recording a device error once), picks the block's (KV head, split) and
 /// lets the merge grid launch early (allow_merge_launch). A view of n keys needs active =
 /// ceil(n / keys_per_split) splits per KV head, at most the grid's: the blocks of linear index
-/// blockIdx.x + gridDim.x·blockIdx.y below active·n_kv take (KV head, split) = (index / active,
-/// index % active) and the rest have nothing to do, so that the working blocks are the first
-/// ones the GPU places, spread evenly over the SMs. An active split with no keys (a planted
-/// mutant's) writes the empty partial (m = sentinel, l = 0, o = 0). tile_keys is the kernel's
-/// partition granule (decode_keys_per_split); site names the kernel (mutant reach).
+/// blockIdx.x + gridDim.x·blockIdx.y below active·n_kv take (KV head, split) = (index % n_kv,
+/// index / n_kv) and the rest have nothing to do, so that the working blocks are the first
+/// ones the GPU places, spread evenly over the SMs, and blocks placed together read the same
+/// keys of neighbouring KV heads: a head's q8_0 row (136 bytes at head dim 128) shares its
+/// first and last 32-byte sectors with its neighbours', which L2 then serves once (−3 to −6% at
+/// 64K–128K keys against splits of one head placed together, bench/NOTES.md, session 14). An
+/// active split with no keys (a planted mutant's) writes the empty partial (m = sentinel, l = 0,
+/// o = 0). tile_keys is the kernel's partition granule (decode_keys_per_split); site names the
+/// kernel (mutant reach).
 __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys,
                                          MutantSite site) {
   allow_merge_launch();
@@ -244,8 +248,8 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   const unsigned active = (static_cast<unsigned>(n) + kps - 1) / kps;  // ≤ n_splits
   const unsigned index = blockIdx.x + gridDim.x * blockIdx.y;
   if (index >= active * gridDim.y) return r;  // not needed by this view
-  r.kv = static_cast<int>(index / active);
-  const unsigned split = index % active;
+  r.kv = static_cast<int>(index % gridDim.y);
+  const unsigned split = index / gridDim.y;
   const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, rows, head_dim);
   const long long part = (long long)r.kv * p.n_splits + split;  // partial index
   r.o = scratch.o + (part * rows + r.row0) * head_dim;
