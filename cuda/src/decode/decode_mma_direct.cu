@@ -42,8 +42,9 @@
 // copies a whole tile as one tensor-map box per plane (the copy engine; rows of 272 and 192
 // bytes, 16-byte aligned) and the warp reads the tile back in load_tile's register layout once
 // its mbarrier has counted the bytes. Measured: −8% at 64K–128K keys (bench/NOTES.md, session 13).
-// At head dim 128 the same ring lost 14–19% (its 136-byte K rows need 144-byte windows; one
-// box per 16 short rows; ncu: L2 77% busy, DRAM 50%) and per-row copies 60%.
+// At head dim 128 the ring lost: 14–19% with boxes, 60% with per-row copies, and still 5–13% for
+// one KV head, whose tiles are contiguous runs (two copies per tile): there one tile of operands
+// in registers is cheaper than the ring's shared-memory round trip (sessions 13 and 14).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
