@@ -67,6 +67,7 @@ struct KvLayer::State {
   Geometry g;
   int n_q_heads = 0;
   int max_verify = 0;
+  DecodeOptions decode_options;
   cudaStream_t stream = nullptr;
   int device = 0;  ///< current at construction; made current by every call that touches CUDA
   std::int64_t rows = 0;
@@ -225,7 +226,8 @@ struct KvLayer::State {
   }
 };
 
-KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, int max_verify)
+KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, int max_verify,
+                 const DecodeOptions& options)
     : s_(std::make_unique<State>()) {
   State& s = *s_;
   geometry.validate();
@@ -234,6 +236,7 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
   s.g = geometry;
   s.n_q_heads = n_q_heads;
   s.max_verify = max_verify;
+  s.decode_options = options;
   s.stream = stream;
   s.rows = geometry.rows();
 
@@ -247,7 +250,7 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
   KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   const std::int64_t max_view = geometry.window ? std::min(*geometry.window, s.rows) : s.rows;
   s.decode_plan = detail::plan_decode(geometry.n_kv_heads, geometry.head_dim_k,
-                                      n_q_heads / geometry.n_kv_heads, max_view, sms);
+                                      n_q_heads / geometry.n_kv_heads, max_view, sms, options);
   // A verify decode's views reach max_verify − 1 keys further back than a decode's window.
   const std::int64_t verify_view =
       geometry.window ? std::min<std::int64_t>(*geometry.window + max_verify - 1, s.rows) : s.rows;
@@ -562,6 +565,46 @@ DecodePlanInfo KvLayer::decode_plan() const {
                         p.scratch_bytes,
                         detail::split_kernel_name(choice.kernel),
                         choice.rows};
+}
+
+std::vector<DecodeInstance> decode_instances() {
+  std::vector<DecodeInstance> all;
+  constexpr int kAnySms = 132, kAnyView = 4096;
+  for (const int d : kSupportedHeadDims)
+    for (int gqa = 1; gqa <= kMaxGqa; ++gqa)
+      for (const auto kernel : {DecodeOptions::Kernel::mma, DecodeOptions::Kernel::cuda_core})
+        for (const auto rows : {DecodeOptions::Rows::split, DecodeOptions::Rows::whole}) {
+          DecodeOptions o;
+          o.kernel = kernel;
+          o.rows = rows;
+          detail::DecodePlan plan = detail::plan_decode(1, d, gqa, kAnyView, kAnySms, o);
+          detail::plan_verify(plan, kMaxVerify, kAnyView, kAnySms);
+          for (int t = 0; t <= kMaxVerify; ++t) {
+            const detail::SplitChoice c = detail::select_split_kernel(plan, t);
+            const DecodeInstance i{detail::split_kernel_name(c.kernel), d, c.rows};
+            if (std::find(all.begin(), all.end(), i) == all.end()) all.push_back(i);
+          }
+        }
+  return all;
+}
+
+const DecodeOptions& KvLayer::decode_options() const {
+  return s_->decode_options;
+}
+
+DecodeLaunchInfo KvLayer::decode_launch(int queries, std::int64_t view_keys) const {
+  const char* op = "decode_launch";
+  if (queries != 0) s_->check_verify_count(queries, op);
+  if (view_keys < 0 || view_keys > s_->g.max_ctx)
+    refuse(op, "view_keys ", view_keys, " is outside [0, max_ctx ", s_->g.max_ctx, "]");
+  const detail::LaunchShape l = detail::launch_shape(s_->decode_plan, queries, view_keys);
+  return DecodeLaunchInfo{detail::split_kernel_name(l.choice.kernel),
+                          l.choice.rows,
+                          l.row_blocks,
+                          l.grid.n_splits,
+                          l.active_splits,
+                          l.keys_per_split,
+                          l.loop_trips};
 }
 
 kvlayer::AccumulationShape KvLayer::accumulation_shape() const {

@@ -16,6 +16,23 @@ namespace {
 
 using cuda::DeviceBuffer;
 
+std::string instance_name(const cuda::DecodeLaunchInfo& info, int head_dim) {
+  return std::string(info.kernel) + " d" + std::to_string(head_dim) + " r" +
+         std::to_string(info.rows_per_block);
+}
+
+cuda::DecodeOptions decode_options(const DecodeChoice& choice) {
+  cuda::DecodeOptions o = cuda::DecodeOptions::from_environment();
+  if (choice.kernel)
+    o.kernel = *choice.kernel == DecodeChoice::Kernel::cuda_core
+                   ? cuda::DecodeOptions::Kernel::cuda_core
+                   : cuda::DecodeOptions::Kernel::mma;
+  if (choice.rows) o.rows = cuda::DecodeOptions::Rows(int(*choice.rows));
+  if (choice.split_balance) o.split_balance = *choice.split_balance;
+  o.max_verify_splits = choice.max_verify_splits;
+  return o;
+}
+
 /// Grow-only device staging buffers and the stream, shared by every case of the process.
 struct Shared {
   cuda::Stream stream;
@@ -39,7 +56,8 @@ void upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) 
 class CudaSystem final : public System {
  public:
   explicit CudaSystem(const Case& c)
-      : layer_(c.geometry, c.n_q_heads, shared().stream.get()),
+      : layer_(c.geometry, c.n_q_heads, shared().stream.get(), c.max_verify,
+               decode_options(c.decode)),
         out_values_(std::size_t(c.n_q_heads) * std::size_t(c.geometry.head_dim_v)),
         poison_(out_values_.size(), std::bit_cast<float>(kPoisonBits)) {}
 
@@ -67,6 +85,7 @@ class CudaSystem final : public System {
       case DecodeVariant::dc: layer_.decode_rows_dc(dq, dout, t, scale); break;
       case DecodeVariant::dcw: layer_.decode_rows_dcw(dq, dout, t, scale); break;
     }
+    record_launch(variant, t);
     return download(dout, n);
   }
 
@@ -87,6 +106,7 @@ class CudaSystem final : public System {
     });
     const std::vector<float> poison(n, std::bit_cast<float>(kPoisonBits));
     std::vector<std::vector<float>> outputs;
+    eager_.clear();
     for (std::size_t r = 0; r < drafts.size(); ++r) {
       layer_.reserve(t);
       upload(k.get(), drafts[r].k_bytes.data(), drafts[r].k_bytes.size(), stream());
@@ -95,6 +115,12 @@ class CudaSystem final : public System {
       upload(out.get(), poison.data(), n * sizeof(float), stream());
       graph.launch(stream());
       outputs.push_back(download(out.as<float>(), n));
+      record_launch(windowed ? DecodeVariant::dcw : DecodeVariant::dc, t);
+      // The same verify, eagerly, on the state the replay left (must be bit-identical).
+      float* dout = poisoned_out(n);
+      windowed ? layer_.decode_rows_dcw(q.as<float>(), dout, t, scale)
+               : layer_.decode_rows_dc(q.as<float>(), dout, t, scale);
+      eager_.push_back(download(dout, n));
       layer_.account_steps(t);
       if (accepted[r] < t) layer_.rewind(layer_.len() - t + accepted[r]);
     }
@@ -116,6 +142,7 @@ class CudaSystem final : public System {
     float* dout = poisoned_out();
     upload(dq, q.data(), q.size_bytes(), stream());
     run_decode(variant, dq, dout, scale);
+    record_launch(variant, 0);
     return download(dout);
   }
 
@@ -135,6 +162,7 @@ class CudaSystem final : public System {
       upload(chain_out_.get(), poison_.data(), poison_.size() * sizeof(float), stream());
       graph_.launch(stream());
       outputs.push_back(download(chain_out_.as<float>()));
+      record_launch(windowed ? DecodeVariant::dcw : DecodeVariant::dc, 0);
       // The same decode, eagerly, on the state the replay left.
       float* dout = poisoned_out();
       run_decode(windowed ? DecodeVariant::dcw : DecodeVariant::dc, chain_q_.as<float>(), dout,
@@ -157,7 +185,30 @@ class CudaSystem final : public System {
     return layer_.verify_accumulation_shape(t);
   }
 
+  void take_coverage(Coverage& into) override {
+    into.add(coverage_);
+    coverage_ = Coverage{};
+  }
+
  private:
+  /// The launch a decode (queries 0) or verify of T queries just made on the current state,
+  /// counted by the layer's own launch arithmetic; a view the device refuses or an empty one
+  /// runs no split work and counts nothing.
+  void record_launch(DecodeVariant variant, int queries) {
+    const Geometry& g = layer_.geometry();
+    const bool host = variant == DecodeVariant::host;
+    const std::int64_t len = host ? layer_.len() : layer_.read_len_d();
+    const std::int64_t base = host ? layer_.base() : (g.window ? layer_.read_base_d() : 0);
+    const std::int64_t first_end = queries > 1 ? len - queries + 1 : len;
+    const std::int64_t begin = g.window ? std::max<std::int64_t>(0, first_end - *g.window) : 0;
+    if (len <= begin || len > g.max_ctx || (queries > 0 && len < queries) || begin < base ||
+        len - base > layer_.rows())
+      return;
+    const cuda::DecodeLaunchInfo info = layer_.decode_launch(queries, len - begin);
+    coverage_.record(LaunchRecord{instance_name(info, g.head_dim_k), info.loop_trips,
+                                  info.active_splits, queries, g.is_ring() && base > 0});
+  }
+
   cudaStream_t stream() const { return layer_.stream(); }
 
   /// The calls f enqueues on the layer's stream, captured into a graph; a call that throws
@@ -246,6 +297,7 @@ class CudaSystem final : public System {
   std::optional<float> graph_scale_;  ///< the scale graph_ was captured with
   bool captured_ = false;
   std::vector<std::vector<float>> eager_;  ///< the last chain's eager decodes
+  Coverage coverage_;                      ///< launches since the last take_coverage
 };
 
 }  // namespace
@@ -253,6 +305,17 @@ class CudaSystem final : public System {
 bool cuda_device_available() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+std::vector<std::string> cuda_selectable_instances() {
+  std::vector<std::string> names;
+  for (const cuda::DecodeInstance& i : cuda::decode_instances()) {
+    cuda::DecodeLaunchInfo info;
+    info.kernel = i.kernel;
+    info.rows_per_block = i.rows;
+    names.push_back(instance_name(info, i.head_dim));
+  }
+  return names;
 }
 
 SystemFactory cuda_system_factory() {

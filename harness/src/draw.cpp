@@ -45,8 +45,8 @@ std::int64_t GenView::lowest_rewind() const {
 }
 
 ref::RowsView twin_rows(std::int64_t n) {
-  static const std::vector<std::uint8_t> zeros(4096 * kBlockValues * sizeof(float), 0);
-  return ref::RowsView{zeros.data(), zeros.data(), std::min<std::int64_t>(n, 4096), DType::f32};
+  static const std::vector<std::uint8_t> zeros(kTwinRows * kBlockValues * sizeof(float), 0);
+  return ref::RowsView{zeros.data(), zeros.data(), std::min(n, kTwinRows), DType::f32};
 }
 
 }  // namespace kvlayer::harness

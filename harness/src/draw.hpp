@@ -56,7 +56,12 @@ struct GenView {
 /// towards nullopt.
 std::optional<float> draw_scale(const GenView& v, Draw& d);
 
-/// n zero rows (at most 4096) for a twin's append.
+/// The most rows twin_rows gives at once.
+inline constexpr std::int64_t kTwinRows = 4096;
+/// The longest prefill an Append draws (flat layers of more than a short view).
+inline constexpr std::int64_t kMaxPrefill = 32768;
+
+/// n zero rows (at most kTwinRows) for a twin's append.
 ref::RowsView twin_rows(std::int64_t n);
 
 }  // namespace kvlayer::harness

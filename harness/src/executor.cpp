@@ -26,6 +26,7 @@ void Stats::add(const Stats& o) {
   seconds_in_snapshots += o.seconds_in_snapshots;
   seconds_in_bounds += o.seconds_in_bounds;
   tightness.add(o.tightness);
+  coverage.add(o.coverage);
   if (o.worst_error_ratio > worst_error_ratio) {
     worst_error_ratio = o.worst_error_ratio;
     worst_error = o.worst_error;
@@ -56,6 +57,12 @@ class TimedSystem final : public System {
   // NOTE: defined before its uses (its return type is deduced).
   template <typename F>
   auto timed(F&& f) {
+    // Whatever the call launched counts, also when it throws after a launch.
+    struct TakeCoverage {
+      System& system;
+      Stats& stats;
+      ~TakeCoverage() { system.take_coverage(stats.coverage); }
+    } take{inner_, stats_};
     const Stopwatch w(stats_.seconds_in_system);
     return f();
   }
@@ -169,7 +176,7 @@ Sides::Sides(const Case& c, System* system)
       n_q_heads_(c.n_q_heads),
       timed_(system ? std::make_unique<TimedSystem>(*system, stats_) : nullptr),
       system_(timed_.get()),
-      model_(c.geometry) {}
+      model_(c.geometry, c.max_verify) {}
 
 HostRows Sides::rows(std::int64_t n, std::uint64_t seed, DataKind kind) const {
   return make_rows(geometry_, dtype_, n, seed, kind);
@@ -339,6 +346,7 @@ std::optional<std::string> Sides::check_model_invariants() {
   // rebase ran in between: it moves only [retain, len) (the host's rows).
   const std::int64_t live_end = base > last_base_ ? len : std::max(len, model_.len_d());
   if (base > last_base_) ++stats_.rebases;
+  if (base - last_base_ > kRingAlign) ++stats_.coverage.rebases_over_one_unit;
   last_base_ = base;
   shadow_.erase(shadow_.begin(), shadow_.lower_bound(base));
   shadow_.erase(shadow_.lower_bound(live_end), shadow_.end());
@@ -351,6 +359,30 @@ std::optional<std::string> Sides::check_model_invariants() {
                     model_.v_plane().begin() + p * g.v_tok_bytes()))
       return "model lost logical row " + std::to_string(row) + " (expected at physical row " +
              std::to_string(p) + ")";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> Sides::check_replays(const char* unit,
+                                                const std::vector<Expectation>& expected,
+                                                const std::vector<std::vector<float>>& outputs,
+                                                const std::vector<std::vector<float>>& eager) {
+  const std::string units = std::string(unit) + "s";
+  if (outputs.size() != expected.size())
+    return "chain returned " + std::to_string(outputs.size()) + " outputs for " +
+           std::to_string(expected.size()) + " " + units;
+  if (!eager.empty() && eager.size() != outputs.size())
+    return "chain ran " + std::to_string(eager.size()) + " eager calls for " +
+           std::to_string(outputs.size()) + " " + units;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    std::optional<std::string> d = check_decode(expected[i], outputs[i]);
+    for (std::size_t e = 0; !d && !eager.empty() && e < outputs[i].size(); ++e)
+      if (std::bit_cast<std::uint32_t>(outputs[i][e]) !=
+          std::bit_cast<std::uint32_t>(eager[i].at(e)))
+        d = expected[i].name + " output element " + std::to_string(e) + ": replayed " +
+            std::to_string(outputs[i][e]) + " but eager " + std::to_string(eager[i][e]) +
+            " on the same state (must be bit-identical)";
+    if (d) return std::string(unit) + " " + std::to_string(i) + ": " + *d;
   }
   return std::nullopt;
 }

@@ -157,33 +157,86 @@ struct Scenarios<std::variant<Cs...>> {
 
 Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads) {
   Geometry g;
-  g.n_kv_heads = *rc::gen::inRange(1, limits.max_kv_heads + 1);
+  // Short views mostly; medium and long ones now and then (DrawLimits says what each reaches).
+  enum { kShort, kMedium, kLong };
+  const int length = *rc::gen::weightedElement<int>(
+      {{12, kShort},
+       {limits.medium_ctx > limits.max_ctx ? 5 : 0, kMedium},
+       {limits.long_ctx >= limits.long_ctx_min && limits.long_ctx > 0 ? 1 : 0, kLong}});
+  const int most_kv = length == kShort ? limits.max_kv_heads
+                                       : (length == kMedium ? std::min(limits.max_kv_heads, 4) : 1);
+  g.n_kv_heads = *rc::gen::inRange(1, most_kv + 1);
   g.head_dim_k = g.head_dim_v = *rc::gen::element(64, 128, 256);
-  const int gqa = *rc::gen::inRange(1, 17);
+  // gqa by powers of two first, so that every rows-per-block instance (1, 2, 4, 8, 16) is drawn
+  // alike: (2^(p−1), 2^p] for p uniform in 0..4.
+  const int p = *rc::gen::inRange(0, 5);
+  const int gqa = p == 0 ? 1 : *rc::gen::inRange((1 << (p - 1)) + 1, (1 << p) + 1);
   *n_q_heads = g.n_kv_heads * gqa;
-  g.max_ctx = *rc::gen::inRange<std::int64_t>(1, limits.max_ctx + 1);
+  const auto draw_ctx = [&] {
+    switch (length) {
+      case kMedium:
+        return *rc::gen::inRange<std::int64_t>(limits.max_ctx + 1, limits.medium_ctx + 1);
+      case kLong:
+        return *rc::gen::inRange<std::int64_t>(limits.long_ctx_min, limits.long_ctx + 1);
+      default:
+        return *rc::gen::inRange<std::int64_t>(1, limits.max_ctx + 1);
+    }
+  };
+  g.max_ctx = draw_ctx();
   const int layout = *rc::gen::element(0, 1, 2);  // flat, flat windowed, ring: uniformly
   if (layout == 1) g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, g.max_ctx + 8));
   if (layout == 2) {
-    // Mostly rings much shorter than max_ctx, so that they rebase many times per case.
+    // Mostly rings much shorter than max_ctx, so that they rebase many times per case; appends
+    // of up to ~100 rows now and then, so that a rebase moves base by several 32-row units.
     g.storage = Storage::ring;
-    g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, limits.max_ctx / 12));
-    g.max_append = *rc::gen::inRange<std::int64_t>(1, 17);
+    g.max_ctx = std::max(g.max_ctx, draw_ctx());
+    g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, g.max_ctx / 12));
+    g.max_append = *rc::gen::element(0, 0, 1) == 1 ? *rc::gen::inRange<std::int64_t>(17, 101)
+                                                   : *rc::gen::inRange<std::int64_t>(1, 17);
     g.rewind_slack = *rc::gen::inRange<std::int64_t>(0, 13);
-    g.max_ctx = std::max(g.max_ctx, *rc::gen::inRange<std::int64_t>(1, limits.max_ctx + 1));
   }
   return g;
+}
+
+DecodeChoice draw_decode_choice() {
+  DecodeChoice d;
+  // Each field: the system's default half the time or more (shrinks there), else a choice that
+  // reaches a path the default does not at short views.
+  if (*rc::gen::inRange(0, 6) == 5) d.kernel = DecodeChoice::Kernel::cuda_core;
+  if (const int r = *rc::gen::inRange(0, 4); r >= 2)
+    d.rows = r == 2 ? DecodeChoice::Rows::split : DecodeChoice::Rows::whole;
+  switch (*rc::gen::inRange(0, 8)) {
+    case 4:
+    case 5:
+      d.split_balance = 64;
+      break;  // one split per view up to 4096 keys
+    case 6:
+      d.split_balance = 0;
+      break;  // one tile per split: the most splits
+    case 7:
+      d.split_balance = *rc::gen::inRange(1, 64);
+      break;
+    default:
+      break;
+  }
+  if (const int v = *rc::gen::inRange(0, 4); v >= 2)
+    d.max_verify_splits = v == 2 ? 1 : *rc::gen::inRange(2, 9);
+  return d;
 }
 
 void model_based_property(const PropertyOptions& options) {
   Case c;
   c.geometry = draw_geometry(options.limits, &c.n_q_heads);
   c.dtype = *rc::gen::element(DType::f32, DType::f16, DType::bf16);
+  if (*rc::gen::inRange(0, 2) == 1)
+    c.max_verify = *rc::gen::inRange(1, std::max(2, options.limits.max_verify + 1));
+  c.decode = draw_decode_choice();
   c.seed = draw_seed();
   RC_TAG(c.geometry.is_ring() ? "ring" : (c.geometry.window ? "flat windowed" : "flat"));
   std::unique_ptr<System> system = options.make_system ? options.make_system(c) : nullptr;
   Executor executor(c, system.get());
-  GenModel model{c.geometry, std::make_shared<ref::KvLayer>(twin_geometry(c.geometry))};
+  GenModel model{c.geometry,
+                 std::make_shared<ref::KvLayer>(twin_geometry(c.geometry), c.max_verify)};
   try {
     rc::state::check(model, executor, exec_one_of(static_cast<Scenarios<Command>::type*>(nullptr)));
   } catch (...) {

@@ -163,6 +163,44 @@ Command command_of(const json& j, const std::string& where) {
   return *command;
 }
 
+constexpr const char* kKernels[] = {"mma", "cuda_core"};
+constexpr const char* kRows[] = {"auto", "split", "whole"};
+
+json decode_json(const DecodeChoice& d) {
+  json j = json::object();
+  if (d.kernel) j["kernel"] = kKernels[int(*d.kernel)];
+  if (d.rows) j["rows"] = kRows[int(*d.rows)];
+  if (d.split_balance) j["split_balance"] = *d.split_balance;
+  if (d.max_verify_splits != 0) j["max_verify_splits"] = d.max_verify_splits;
+  return j;
+}
+
+/// The index of `value` in names, or a malformed-file error listing them.
+template <std::size_t N>
+int one_of(const json& obj, const char* key, const char* const (&names)[N]) {
+  const std::string v = text(obj, key, "decode");
+  for (std::size_t i = 0; i < N; ++i)
+    if (v == names[i]) return int(i);
+  std::string list;
+  for (const char* n : names) list += (list.empty() ? "" : ", ") + std::string(n);
+  malformed(std::string("decode.") + key, "'" + v + "' is not one of " + list);
+}
+
+DecodeChoice decode_of(const json& j) {
+  if (!j.is_object()) malformed("decode", "expected an object");
+  for (const auto& [key, value] : j.items())
+    if (key != "kernel" && key != "rows" && key != "split_balance" && key != "max_verify_splits")
+      malformed("decode", "unknown field '" + key + "'");
+  DecodeChoice d;
+  if (j.contains("kernel")) d.kernel = DecodeChoice::Kernel(one_of(j, "kernel", kKernels));
+  if (j.contains("rows")) d.rows = DecodeChoice::Rows(one_of(j, "rows", kRows));
+  if (j.contains("split_balance"))
+    d.split_balance = int(integer(j, "split_balance", "decode", 0, 64));
+  if (j.contains("max_verify_splits"))
+    d.max_verify_splits = int(integer(j, "max_verify_splits", "decode", 0, 1024));
+  return d;
+}
+
 }  // namespace
 
 std::string to_json(const Case& c) {
@@ -175,8 +213,11 @@ std::string to_json(const Case& c) {
   std::ostringstream s;
   s << "{\n  \"format\": \"" << kFormat << "\",\n  \"version\": " << kVersion
     << ",\n  \"geometry\": " << geometry.dump() << ",\n  \"n_q_heads\": " << c.n_q_heads
-    << ",\n  \"dtype\": \"" << dtype_name(c.dtype) << "\",\n  \"seed\": " << c.seed
-    << ",\n  \"commands\": [";
+    << ",\n  \"dtype\": \"" << dtype_name(c.dtype) << "\",\n  \"seed\": " << c.seed;
+  // Written only when not the defaults, so that files of cases without them stay as they were.
+  if (c.max_verify != Case{}.max_verify) s << ",\n  \"max_verify\": " << c.max_verify;
+  if (c.decode != DecodeChoice{}) s << ",\n  \"decode\": " << decode_json(c.decode).dump();
+  s << ",\n  \"commands\": [";
   for (std::size_t i = 0; i < c.commands.size(); ++i)
     s << (i ? ",\n    " : "\n    ") << command_json(c.commands[i]).dump();
   s << "\n  ]\n}\n";
@@ -217,6 +258,8 @@ Case from_json(std::string_view text_in) {
   c.n_q_heads = int(integer(j, "n_q_heads", "top level", 1, 65536));
   c.dtype = dtype_of(text(j, "dtype", "top level"), "dtype");
   c.seed = seed_of(j, "top level");
+  if (j.contains("max_verify")) c.max_verify = int(integer(j, "max_verify", "top level", 1, 1024));
+  if (j.contains("decode")) c.decode = decode_of(field(j, "decode", "top level"));
   const json& cmds = field(j, "commands", "top level");
   if (!cmds.is_array()) malformed("commands", "expected an array");
   if (cmds.size() > 100000) malformed("commands", "more than 100000 commands");

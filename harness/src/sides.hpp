@@ -158,6 +158,13 @@ class Sides {
   /// The system's decode output against the expectation (within the bound; nothing written
   /// when the model recorded a device error).
   std::optional<std::string> check_decode(const Expectation& x, const std::vector<float>& actual);
+  /// A captured chain's replays (named `unit` 0, 1, …): each within its bound, and bit for bit
+  /// equal to the system's eager call on the state that replay left (SPEC §10.3), when the
+  /// system has an eager path (`eager` not empty).
+  std::optional<std::string> check_replays(const char* unit,
+                                           const std::vector<Expectation>& expected,
+                                           const std::vector<std::vector<float>>& outputs,
+                                           const std::vector<std::vector<float>>& eager);
 
   /// After every command: the model's invariants, then planes, counters and status of both.
   std::optional<std::string> compare_state();

@@ -85,6 +85,8 @@ class Campaign : public ::testing::Test {
     c.max_size = 12;
     c.limits.max_kv_heads = 2;
     c.limits.max_ctx = 48;
+    c.limits.medium_ctx = 0;  // short cases only
+    c.limits.long_ctx = 0;
     c.replay_dir = dir_.string();
     c.make_system = [this, honest_cases](const Case& k) -> std::unique_ptr<System> {
       if (systems_made_++ < honest_cases) return nullptr;

@@ -127,7 +127,9 @@ TEST(CudaDecode, MatchesReferenceWithinDerivedTolerance) {
     const Geometry& g = c.g;
     SCOPED_TRACE(g.describe() + " gqa " + std::to_string(c.gqa));
     cuda::KvLayer gpu(g, g.n_kv_heads * c.gqa, stream.get());
-    if (c.rows_per_block != 0) ASSERT_EQ(gpu.decode_plan().rows_per_block, c.rows_per_block);
+    if (c.rows_per_block != 0) {
+      ASSERT_EQ(gpu.decode_plan().rows_per_block, c.rows_per_block);
+    }
     ref::KvLayer ref(g);
     double worst = 0;
     check_decode_here(gpu, ref, rng, stream.get(), worst);  // empty view: zeros

@@ -28,6 +28,12 @@ namespace {
 
 using cuda::detail::plan_decode;
 
+/// The plan a layer constructed now would make: the environment's options (device-check runs
+/// this binary under KVLAYER_DECODE_KERNEL=cuda_core too).
+cuda::detail::DecodePlan plan_decode(int n_kv, int head_dim, int gqa, std::int64_t keys, int sms) {
+  return plan_decode(n_kv, head_dim, gqa, keys, sms, cuda::DecodeOptions::from_environment());
+}
+
 std::vector<float> random_query(Rng& rng, int n_q_heads, int head_dim, float amplitude) {
   std::vector<float> q(std::size_t(n_q_heads) * head_dim);
   for (float& x : q) x = amplitude * rng.sym();
@@ -268,30 +274,114 @@ TEST(DecodePlan, PartitionCoversEveryViewExactly) {
     }
 }
 
-// KVLAYER_DECODE_ROWS forces the gqa > 8 row choice (the campaign proves both kernels with it)
-// and refuses anything but auto, split and whole, naming the value.
-TEST(DecodePlan, DecodeRowsFromTheEnvironment) {
-  using cuda::detail::DecodeKernel;
+// DecodeOptions::rows forces the gqa > 8 row choice where the kernel has both instances.
+TEST(DecodePlan, RowsOption) {
+  using Rows = cuda::DecodeOptions::Rows;
+  const auto with = [](Rows rows) {
+    cuda::DecodeOptions o;
+    o.rows = rows;
+    return o;
+  };
+  EXPECT_FALSE(plan_decode(1, 128, 16, 131072, 132, with(Rows::whole)).split_rows);
+  EXPECT_TRUE(plan_decode(8, 128, 16, 131072, 132, with(Rows::split)).split_rows);
+  EXPECT_FALSE(plan_decode(8, 128, 8, 131072, 132, with(Rows::split)).split_rows);  // gqa ≤ 8
+  EXPECT_FALSE(plan_decode(8, 64, 16, 131072, 132, with(Rows::split)).split_rows);  // staged
+  EXPECT_TRUE(plan_decode(1, 128, 16, 131072, 132, with(Rows::automatic)).split_rows);
+  EXPECT_FALSE(plan_decode(8, 128, 16, 131072, 132, with(Rows::automatic)).split_rows);
+}
+
+// The planner reads its options only: the environment changes nothing once they are made.
+TEST(DecodePlan, PlannerIgnoresTheEnvironment) {
   struct Restore {
     ~Restore() { ::unsetenv("KVLAYER_DECODE_ROWS"); }
   } restore;
   ::setenv("KVLAYER_DECODE_ROWS", "whole", 1);
-  EXPECT_FALSE(plan_decode(1, 128, 16, 131072, 132, DecodeKernel::mma).split_rows);
-  ::setenv("KVLAYER_DECODE_ROWS", "split", 1);
-  EXPECT_TRUE(plan_decode(8, 128, 16, 131072, 132, DecodeKernel::mma).split_rows);
-  EXPECT_FALSE(plan_decode(8, 128, 8, 131072, 132, DecodeKernel::mma).split_rows);  // gqa ≤ 8
-  EXPECT_FALSE(plan_decode(8, 64, 16, 131072, 132, DecodeKernel::mma).split_rows);  // staged
-  ::setenv("KVLAYER_DECODE_ROWS", "auto", 1);
-  EXPECT_TRUE(plan_decode(1, 128, 16, 131072, 132, DecodeKernel::mma).split_rows);
+  EXPECT_TRUE(plan_decode(1, 128, 16, 131072, 132, cuda::DecodeOptions{}).split_rows);
   ::setenv("KVLAYER_DECODE_ROWS", "halves", 1);
-  try {
-    plan_decode(1, 128, 16, 131072, 132, DecodeKernel::mma);
-    ADD_FAILURE() << "KVLAYER_DECODE_ROWS=halves not refused";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::refused);
-    EXPECT_NE(std::string(e.what()).find("KVLAYER_DECODE_ROWS=halves"), std::string::npos)
-        << e.what();
+  EXPECT_NO_THROW(plan_decode(1, 128, 16, 131072, 132, cuda::DecodeOptions{}));
+}
+
+// from_environment reads the three variables and refuses anything else, naming the value.
+TEST(DecodeOptions, FromTheEnvironment) {
+  const char* vars[] = {"KVLAYER_DECODE_ROWS", "KVLAYER_DECODE_KERNEL", "KVLAYER_SPLIT_BALANCE"};
+  struct Restore {
+    const char* const* vars;
+    ~Restore() {
+      for (int i = 0; i < 3; ++i) ::unsetenv(vars[i]);
+    }
+  } restore{vars};
+  for (const char* v : vars) ::unsetenv(v);
+  EXPECT_EQ(cuda::DecodeOptions::from_environment(), cuda::DecodeOptions{});
+  ::setenv("KVLAYER_DECODE_ROWS", "whole", 1);
+  ::setenv("KVLAYER_DECODE_KERNEL", "cuda_core", 1);
+  ::setenv("KVLAYER_SPLIT_BALANCE", "17", 1);
+  const auto o = cuda::DecodeOptions::from_environment();
+  EXPECT_EQ(o.rows, cuda::DecodeOptions::Rows::whole);
+  EXPECT_EQ(o.kernel, cuda::DecodeOptions::Kernel::cuda_core);
+  EXPECT_EQ(o.split_balance, 17);
+  EXPECT_EQ(o.max_verify_splits, 0);
+  const auto expect_refused = [](const char* var, const char* value, const std::string& message) {
+    const std::string old = std::getenv(var) ? std::getenv(var) : "";
+    ::setenv(var, value, 1);
+    try {
+      cuda::DecodeOptions::from_environment();
+      ADD_FAILURE() << var << "=" << value << " not refused";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::refused);
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+    ::setenv(var, old.c_str(), 1);
+  };
+  expect_refused("KVLAYER_DECODE_ROWS", "halves",
+                 "DecodeOptions: KVLAYER_DECODE_ROWS=halves is not a row choice (supported: auto, "
+                 "split, whole)");
+  expect_refused("KVLAYER_DECODE_KERNEL", "wmma",
+                 "DecodeOptions: KVLAYER_DECODE_KERNEL=wmma is not a decode kernel (supported: "
+                 "mma, cuda_core)");
+  for (const char* bad : {"65", "-1", "8x", ""})
+    expect_refused(
+        "KVLAYER_SPLIT_BALANCE", bad,
+        std::string("DecodeOptions: KVLAYER_SPLIT_BALANCE=") + bad + " is outside [0, 64]");
+}
+
+// The split balance and the verify split cap lengthen splits as asked: balance 64 runs a view of
+// up to 4096 keys in one split (so a warp loops over many tiles), 0 gives one tile per split;
+// max_verify_splits caps a verify's splits. launch_shape reports what a launch runs.
+TEST(DecodePlan, OptionsReachLongAndShortSplits) {
+  cuda::DecodeOptions longest;
+  longest.split_balance = 64;
+  longest.max_verify_splits = 1;
+  const auto p = plan_decode(1, 128, 8, 4096, 132, longest);
+  auto shape = cuda::detail::launch_shape(p, 0, 4096);
+  EXPECT_EQ(shape.active_splits, 1);
+  EXPECT_EQ(shape.loop_trips, 4096 / 64);
+  auto q = plan_decode(1, 128, 8, 4096, 132, longest);
+  cuda::detail::plan_verify(q, 64, 4096, 132);
+  for (const int t : {2, 16, 17, 64}) {
+    shape = cuda::detail::launch_shape(q, t, 4096);
+    EXPECT_EQ(shape.grid.n_splits, 1) << t;
+    EXPECT_EQ(shape.loop_trips, 4096 / cuda::detail::verify_tile_keys(128)) << t;
   }
+  cuda::DecodeOptions finest;
+  finest.split_balance = 0;
+  const auto f = plan_decode(1, 128, 8, 65536, 132, finest);
+  shape = cuda::detail::launch_shape(f, 0, 65536);
+  EXPECT_GT(shape.active_splits, 256);  // a merge over more than 256 partials
+  EXPECT_EQ(shape.loop_trips, (shape.keys_per_split + 63) / 64);
+  const auto refused = [](const cuda::DecodeOptions& o, const std::string& message) {
+    try {
+      plan_decode(1, 128, 8, 4096, 132, o);
+      ADD_FAILURE() << "not refused: " << message;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  };
+  cuda::DecodeOptions bad;
+  bad.split_balance = 65;
+  refused(bad, "plan_decode: split_balance 65 is outside [0, 64]");
+  bad = {};
+  bad.max_verify_splits = -1;
+  refused(bad, "plan_decode: max_verify_splits -1 is outside [0, 1024] (0: no cap)");
 }
 
 TEST(DecodePlan, RefusesUnsupportedGeometry) {

@@ -121,9 +121,14 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
   EXPECT_EQ(describe(GraphChain{2, 3, false}), "graph_chain steps=2 dc seed=3");
   EXPECT_EQ(kind_name(Decode{DecodeVariant::dc, 2}), "decode_dc");
   // The replay-file form: the op name and the fields by key.
-  const std::string text = to_json(Case{c.geometry, 1, DType::f32, 0,
-                                        {AppendDc{1, DataKind::wide, false},
-                                         GraphChain{2, 3, false}, PhysicalRows{-1, 4}}});
+  const std::string text = to_json(
+      Case{c.geometry,
+           1,
+           DType::f32,
+           0,
+           {AppendDc{1, DataKind::wide, false}, GraphChain{2, 3, false}, PhysicalRows{-1, 4}},
+           Case{}.max_verify,
+           DecodeChoice{}});
   for (const char* line : {R"({"data":"wide","op":"append_dc","seed":1})",
                            R"({"op":"graph_chain","seed":3,"steps":2,"windowed":false})",
                            R"({"end":4,"op":"physical_rows","start":-1})"})

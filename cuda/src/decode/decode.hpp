@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "../device_status.cuh"
+#include "kvlayer/cuda/decode_options.hpp"
 #include "kvlayer/cuda/limits.hpp"
 #include "partition.hpp"
 
@@ -18,8 +19,8 @@ struct AccumulationShape;
 
 namespace kvlayer::cuda::detail {
 
-/// The implementation family a plan asks for (KVLAYER_DECODE_KERNEL): select_split_kernel
-/// turns it into the kernel a launch runs.
+/// The implementation family a plan asks for (DecodeOptions::kernel): select_split_kernel turns
+/// it into the kernel a launch runs.
 enum class DecodeKernel {
   cuda_core,  ///< f32 FMAs on CUDA cores (decode_cuda_core.cu; a second implementation)
   mma,        ///< mma.sync m16n8k16 f16 × f16 → f32 on tensor cores (the default)
@@ -65,11 +66,13 @@ struct DecodePlan {
   int n_splits = 0;                ///< thread blocks per KV head along the keys
   int tile_keys = 0;               ///< keys per tile of the key loop (4096 / head_dim)
   /// decode_keys_per_split's balance: splits of at least split_balance·√n keys for a view of n
-  /// (kDecodeSplitBalance), so a short view takes fewer splits than the grid holds.
+  /// (DecodeOptions::split_balance), so a short view takes fewer splits than the grid holds.
   int split_balance = 0;
+  /// Verify decodes take at most this many splits (DecodeOptions::max_verify_splits; 0: no cap).
+  int max_verify_splits = 0;
   /// gqa > 8: the query rows of a KV head run in two blocks of ≤ 8 rows (row_chunks) instead of
-  /// one of 16, where one block per (KV head, split) would leave a quarter of the slots empty.
-  /// KVLAYER_DECODE_ROWS=split or whole (read at plan time, as KVLAYER_DECODE_KERNEL) forces it.
+  /// one of 16, where one block per (KV head, split) would leave a quarter of the slots empty
+  /// (DecodeOptions::rows forces either).
   bool split_rows = false;
   std::int64_t max_keys_per_split = 0;  ///< longest sequential accumulation (for the tolerance)
   std::size_t scratch_bytes = 0;        ///< partial outputs + (max, sum) per split
@@ -112,30 +115,45 @@ int verify_splits(const DecodePlan& plan, int T);
 /// The accumulation shape of a verify decode of T queries (each output row's bound, SPEC §11).
 kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T);
 
+/// How a launch partitions its view along the keys: the grid's splits, the partition granule
+/// (decode_keys_per_split's tile) and balance. launch_decode passes these to the split kernel
+/// and the merge alike, so both cut the view at the same keys.
+struct SplitGrid {
+  int n_splits = 0;
+  int granule = 0;
+  int balance = 0;
+};
+SplitGrid split_grid(const DecodePlan& plan, int T);
+
+/// What a launch runs for a view of view_keys keys (a verify's union of views): the kernel
+/// and its loop trips, from the same arithmetic as launch_decode and begin_split.
+struct LaunchShape {
+  SplitChoice choice;
+  int row_blocks = 0;
+  SplitGrid grid;
+  int active_splits = 0;            ///< splits with keys: ceil(view / keys_per_split)
+  std::int64_t keys_per_split = 0;  ///< the longest split's keys
+  int loop_keys = 0;                ///< keys one trip of the kernel's key loop takes per warp
+  std::int64_t loop_trips = 0;      ///< trips of the longest split's key loop (per warp)
+};
+LaunchShape launch_shape(const DecodePlan& plan, int T, std::int64_t view_keys);
+
 /// Alignment the decode needs of k_plane, v_plane (it issues 4/8/16-byte vector loads).
 /// NOTE: cudaMalloc pointers qualify; a plane must not start at an offset into a buffer.
 inline constexpr std::size_t kDecodePlaneAlignment = 16;
 
-/// Chooses the grid for a geometry on the current device. Pure host arithmetic.
-/// Throws kvlayer::Error (refused) naming the value and the supported set for an unsupported
-/// head dim (64, 128, 256), gqa (1..16), n_kv_heads < 1, max_view_keys outside [1, 2^31 − 1]
-/// or multiprocessor_count < 1.
-/// The kernel is default_decode_kernel(): mma unless the environment says otherwise.
+/// Chooses the grid for a geometry and the layer's options. Pure host arithmetic: it reads
+/// nothing but its arguments. Throws kvlayer::Error (refused) naming the value and the
+/// supported set for an unsupported head dim (64, 128, 256), gqa (1..16), n_kv_heads < 1,
+/// max_view_keys outside [1, 2^31 − 1], multiprocessor_count < 1 or an option out of range.
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
-                       int multiprocessor_count);
+                       int multiprocessor_count, const DecodeOptions& options);
 
-/// The same for an explicit kernel and split balance (0: splits of any length; tests,
-/// benchmarks); ignores KVLAYER_DECODE_KERNEL.
+/// The same for an explicit kernel and split balance, the other options at their defaults
+/// (tests, benchmarks).
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count, DecodeKernel kernel,
-                       int split_balance = kDecodeSplitBalance);
-
-/// The kernel a plan uses by default: the environment variable KVLAYER_DECODE_KERNEL
-/// (`mma` or `cuda_core`), read at plan time (layer construction), else mma (tensor cores;
-/// cuda_core is the first, CUDA-core kernel, kept as a second implementation under test).
-/// NOTE: a plan (and a graph captured from it) keeps its kernel; changing the variable later
-/// affects only layers constructed later. Throws kvlayer::Error (refused) for any other value.
-DecodeKernel default_decode_kernel();
+                       int split_balance = DecodeOptions::kDefaultSplitBalance);
 
 /// Blocks of the tensor-core split kernel a decode of `plan` runs (select_split_kernel) that one
 /// multiprocessor of the current device holds at once (CUDA occupancy API, with the launch's

@@ -47,11 +47,11 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
 
   const ViewParams vp{a.len_d,   a.base_d, a.host_len, a.host_base, a.window, a.rows,
                       a.max_ctx, max_view, T};
-  const int n_splits = verify ? verify_splits(plan, T) : plan.n_splits;
   const SplitChoice choice = select_split_kernel(plan, T);
-  const int tile_keys =
-      choice.kernel == SplitKernel::cuda_core ? plan.tile_keys : kDecodeMmaTileKeys;
-  const int split_balance = verify ? 0 : plan.split_balance;
+  const SplitGrid sg = split_grid(plan, T);
+  const int n_splits = sg.n_splits;
+  const int tile_keys = sg.granule;
+  const int split_balance = sg.balance;
   const SplitParams sp{vp,
                        a.k_plane,
                        a.v_plane,

@@ -1,9 +1,7 @@
 // plan_decode: the fixed split-K grid of a layer (pure host arithmetic).
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <limits>
-#include <string_view>
 
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
@@ -13,24 +11,19 @@
 
 namespace kvlayer::cuda::detail {
 
-DecodeKernel default_decode_kernel() {
-  const char* env = std::getenv("KVLAYER_DECODE_KERNEL");
-  if (env == nullptr) return DecodeKernel::mma;
-  const std::string_view v(env);
-  if (v == "cuda_core") return DecodeKernel::cuda_core;
-  if (v == "mma") return DecodeKernel::mma;
-  refuse("plan_decode", "KVLAYER_DECODE_KERNEL=", v,
-         " is not a decode kernel (supported: mma, cuda_core)");
-}
-
-DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
-                       int multiprocessor_count) {
-  return plan_decode(n_kv_heads, head_dim, gqa, max_view_keys, multiprocessor_count,
-                     default_decode_kernel());
-}
-
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count, DecodeKernel kernel, int split_balance) {
+  DecodeOptions options;
+  // An unknown kernel value stays unknown (refused below), rather than mapped to one.
+  options.kernel = kernel == DecodeKernel::mma         ? DecodeOptions::Kernel::mma
+                   : kernel == DecodeKernel::cuda_core ? DecodeOptions::Kernel::cuda_core
+                                                       : DecodeOptions::Kernel(0xff);
+  options.split_balance = split_balance;
+  return plan_decode(n_kv_heads, head_dim, gqa, max_view_keys, multiprocessor_count, options);
+}
+
+DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
+                       int multiprocessor_count, const DecodeOptions& options) {
   const char* op = "plan_decode";
   if (!head_dim_supported(head_dim))
     refuse(op, "head_dim ", head_dim,
@@ -43,25 +36,31 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
     refuse(op, "max_view_keys ", max_view_keys, " is outside [1, 2^31 - 1]");
   if (multiprocessor_count < 1)
     refuse(op, "multiprocessor_count ", multiprocessor_count, " must be at least 1");
-  if (split_balance < 0 || split_balance > 64)
-    refuse(op, "split_balance ", split_balance, " is outside [0, 64]");
-  if (kernel != DecodeKernel::cuda_core && kernel != DecodeKernel::mma)
-    refuse(op, "decode kernel ", int(kernel), " is not a kernel (supported: cuda_core, mma)");
+  if (options.split_balance < 0 || options.split_balance > DecodeOptions::kMaxSplitBalance)
+    refuse(op, "split_balance ", options.split_balance, " is outside [0, ",
+           DecodeOptions::kMaxSplitBalance, "]");
+  if (options.max_verify_splits < 0 || options.max_verify_splits > kDecodeMaxSplits)
+    refuse(op, "max_verify_splits ", options.max_verify_splits, " is outside [0, ",
+           kDecodeMaxSplits, "] (0: no cap)");
+  if (options.kernel != DecodeOptions::Kernel::cuda_core &&
+      options.kernel != DecodeOptions::Kernel::mma)
+    refuse(op, "decode kernel ", int(options.kernel),
+           " is not a kernel (supported: cuda_core, mma)");
+  if (options.rows != DecodeOptions::Rows::automatic &&
+      options.rows != DecodeOptions::Rows::split && options.rows != DecodeOptions::Rows::whole)
+    refuse(op, "row choice ", int(options.rows), " is not one (supported: auto, split, whole)");
 
   DecodePlan p;
   p.n_kv_heads = n_kv_heads;
   p.head_dim = head_dim;
   p.gqa = gqa;
   p.max_view_keys = max_view_keys;
-  p.kernel = kernel;
-  const bool mma = kernel == DecodeKernel::mma;
+  p.kernel = options.kernel == DecodeOptions::Kernel::cuda_core ? DecodeKernel::cuda_core
+                                                                : DecodeKernel::mma;
+  const bool mma = p.kernel == DecodeKernel::mma;
   p.tile_keys = mma ? kDecodeMmaTileKeys : decode_tile_keys(head_dim);
-  p.split_balance = split_balance;
-  if (const char* env = std::getenv("KVLAYER_SPLIT_BALANCE")) {
-    p.split_balance = std::atoi(env);
-    if (p.split_balance < 0 || p.split_balance > 64)
-      refuse(op, "KVLAYER_SPLIT_BALANCE=", env, " is outside [0, 64]");
-  }
+  p.split_balance = options.split_balance;
+  p.max_verify_splits = options.max_verify_splits;
   // No more splits than the longest view fills (a shorter view leaves some of them empty), and
   // none shorter than one tile (it would only add merge work).
   const std::int64_t longest =
@@ -79,15 +78,8 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   const std::int64_t slots =
       std::int64_t(decode_mma_blocks_per_sm(head_dim, 16)) * multiprocessor_count;
   p.split_rows = rows_can_split && 4 * n_kv_heads * max_splits < 3 * slots;
-  // NOTE: the harness's geometries always split (few KV heads, short views); its campaign runs
-  // part of its processes with KVLAYER_DECODE_ROWS=whole so that the 16-row kernels are proven.
-  if (const char* env = std::getenv("KVLAYER_DECODE_ROWS")) {
-    const std::string_view v(env);
-    if (v == "split" || v == "whole")
-      p.split_rows = rows_can_split && v == "split";
-    else if (v != "auto")
-      refuse(op, "KVLAYER_DECODE_ROWS=", v, " is not a row choice (supported: auto, split, whole)");
-  }
+  if (options.rows != DecodeOptions::Rows::automatic)
+    p.split_rows = rows_can_split && options.rows == DecodeOptions::Rows::split;
   // Enough (KV head, split, row block) blocks to fill every SM at the longest view (as many as
   // stay resident).
   const SplitChoice choice = select_split_kernel(p, 0);
@@ -151,8 +143,9 @@ int verify_splits(const DecodePlan& plan, int T) {
       (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
   const std::int64_t blocks = T <= 1 ? plan.verify_decode_blocks : plan.verify_blocks;
   const std::int64_t splits = blocks / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
-  return int(
-      std::clamp<std::int64_t>(splits, 1, std::min<std::int64_t>(max_tiles, kDecodeMaxSplits)));
+  std::int64_t most = std::min<std::int64_t>(max_tiles, kDecodeMaxSplits);
+  if (plan.max_verify_splits > 0) most = std::min<std::int64_t>(most, plan.max_verify_splits);
+  return int(std::clamp<std::int64_t>(splits, 1, most));
 }
 
 SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
@@ -171,6 +164,43 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
   if (plan.head_dim == 128) return {SplitKernel::mma_direct, rows};
   if (plan.head_dim == 256 && rows == 8) return {SplitKernel::mma_bulk, rows};
   return {SplitKernel::mma_staged, rows};
+}
+
+SplitGrid split_grid(const DecodePlan& plan, int T) {
+  const bool verify = T > 0;
+  const SplitChoice choice = select_split_kernel(plan, T);
+  SplitGrid g;
+  g.n_splits = verify ? verify_splits(plan, T) : plan.n_splits;
+  g.granule = choice.kernel == SplitKernel::cuda_core ? plan.tile_keys : kDecodeMmaTileKeys;
+  g.balance = verify ? 0 : plan.split_balance;
+  return g;
+}
+
+LaunchShape launch_shape(const DecodePlan& plan, int T, std::int64_t view_keys) {
+  LaunchShape s;
+  s.choice = select_split_kernel(plan, T);
+  s.row_blocks = row_chunks(plan, T);
+  s.grid = split_grid(plan, T);
+  if (view_keys <= 0) return s;
+  s.keys_per_split =
+      decode_keys_per_split(view_keys, s.grid.n_splits, s.grid.granule, s.grid.balance);
+  s.active_splits = int((view_keys + s.keys_per_split - 1) / s.keys_per_split);
+  // The key loop's step per warp: the tensor-core decode kernels' warps each take every 4th
+  // 16-key tile (64 keys a trip), the verify kernel's warps every block tile together, the
+  // CUDA-core kernel one tile per trip.
+  switch (s.choice.kernel) {
+    case SplitKernel::cuda_core:
+      s.loop_keys = plan.tile_keys;
+      break;
+    case SplitKernel::mma_verify:
+      s.loop_keys = verify_tile_keys(plan.head_dim);
+      break;
+    default:
+      s.loop_keys = kDecodeMmaTileKeys;
+  }
+  const std::int64_t longest = std::min(view_keys, s.keys_per_split);
+  s.loop_trips = (longest + s.loop_keys - 1) / s.loop_keys;
+  return s;
 }
 
 const char* split_kernel_name(SplitKernel kernel) {

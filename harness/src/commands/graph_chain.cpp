@@ -34,34 +34,6 @@ void GraphChain::apply(ref::KvLayer& twin) const {
   twin.account_steps(steps);
 }
 
-namespace {
-
-/// Each replayed step within its bound, and bit for bit equal to the system's eager decode on
-/// the state that step left.
-std::optional<std::string> check_replays(Sides& s, const std::vector<Sides::Expectation>& expected,
-                                         const std::vector<std::vector<float>>& outputs,
-                                         const std::vector<std::vector<float>>& eager) {
-  if (outputs.size() != expected.size())
-    return "graph chain returned " + std::to_string(outputs.size()) + " outputs for " +
-           std::to_string(expected.size()) + " steps";
-  if (!eager.empty() && eager.size() != outputs.size())
-    return "graph chain ran " + std::to_string(eager.size()) + " eager decodes for " +
-           std::to_string(outputs.size()) + " steps";
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    std::optional<std::string> d = s.check_decode(expected[i], outputs[i]);
-    for (std::size_t e = 0; !d && !eager.empty() && e < outputs[i].size(); ++e)
-      if (std::bit_cast<std::uint32_t>(outputs[i][e]) !=
-          std::bit_cast<std::uint32_t>(eager[i].at(e)))
-        d = expected[i].name + " output element " + std::to_string(e) + ": replayed " +
-            std::to_string(outputs[i][e]) + " but eager " + std::to_string(eager[i][e]) +
-            " on the same state (must be bit-identical)";
-    if (d) return "step " + std::to_string(i) + ": " + *d;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
 std::optional<std::string> GraphChain::run(Sides& s) const {
   const Geometry& g = s.geometry();
   // A chain whose variant does not suit the layer is a no-op on both sides (the generator
@@ -90,7 +62,7 @@ std::optional<std::string> GraphChain::run(Sides& s) const {
   s.stats().graph_replays += steps;
   if (s.system() && !diff) {
     const auto outputs = s.system()->graph_chain(rows, queries, windowed, scale);
-    diff = check_replays(s, expected, outputs, s.system()->last_chain_eager());
+    diff = s.check_replays("step", expected, outputs, s.system()->last_chain_eager());
   }
   const auto m = attempt([&] { s.model().account_steps(steps); });
   if (s.system()) {

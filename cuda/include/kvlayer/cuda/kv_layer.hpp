@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "kvlayer/cuda/decode_options.hpp"
 #include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/dtype.hpp"
 #include "kvlayer/geometry.hpp"
@@ -69,6 +70,31 @@ struct DecodePlanInfo {
   int rows_per_block = 0;  ///< query rows per split block (a KV head's gqa rows in ≥ 1 blocks)
 };
 
+/// What one decode or verify decode of T queries runs over a view of `view_keys` keys (a
+/// verify's union of its rows' views): the launch's own arithmetic, for reports and for the
+/// harness's count of the kernel paths it reached.
+struct DecodeLaunchInfo {
+  const char* kernel = "";          ///< the split kernel ("mma_direct", "mma_verify", …)
+  int rows_per_block = 0;           ///< its query rows per block (the instance)
+  int row_blocks = 0;               ///< blocks along the query rows per (KV head, split)
+  int n_splits = 0;                 ///< splits the grid holds
+  int active_splits = 0;            ///< of them, those with keys
+  std::int64_t keys_per_split = 0;  ///< the partition's split length
+  std::int64_t loop_trips = 0;      ///< trips of one warp's key loop in the longest split
+};
+
+/// A compiled split-kernel instance a plan can select (for coverage reports).
+struct DecodeInstance {
+  const char* kernel = "";
+  int head_dim = 0;
+  int rows = 0;  ///< query rows per block
+  bool operator==(const DecodeInstance&) const = default;
+};
+
+/// Every instance select_split_kernel can name, over every supported head dim, gqa, option and
+/// T in [1, kMaxVerify]. Pure host arithmetic.
+std::vector<DecodeInstance> decode_instances();
+
 /// Bytes allocated past the last row of each plane, zeroed at construction and never written
 /// (kernels may issue 16-byte loads running past a row's end; SPEC §1).
 inline constexpr std::size_t kPlaneTailBytes = 256;
@@ -97,8 +123,11 @@ class KvLayer {
   /// gqa > 16, max_verify outside [1, kMaxVerify]; and a stream of another device. max_verify
   /// (SPEC §11) is the most queries a verify decode takes; the decode grid and scratch are sized
   /// for it here, once.
+  /// `options` (read once, here) choose among grids that all meet the accuracy contract; the
+  /// default takes the environment's (DecodeOptions::from_environment) and refuses bad values.
   KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream = nullptr,
-          int max_verify = kDefaultMaxVerify);
+          int max_verify = kDefaultMaxVerify,
+          const DecodeOptions& options = DecodeOptions::from_environment());
   ~KvLayer();
   KvLayer(KvLayer&&) noexcept;
   KvLayer& operator=(KvLayer&&) noexcept;
@@ -213,8 +242,13 @@ class KvLayer {
   std::int64_t read_len_d() const;
   std::int64_t read_base_d() const;
 
-  /// The decode grid fixed at construction.
+  /// The decode grid fixed at construction, and the options it was planned with.
   DecodePlanInfo decode_plan() const;
+  const DecodeOptions& decode_options() const;
+  /// What a launch runs over a view of view_keys keys: queries 0 a decode (decode, decode_dc,
+  /// decode_dcw), T ≥ 1 a decode_rows* of T queries (whose grid differs from a decode's even at
+  /// T = 1). Refused for T above max_verify or view_keys outside [0, max_ctx].
+  DecodeLaunchInfo decode_launch(int queries, std::int64_t view_keys) const;
   std::int64_t max_keys_per_split() const { return decode_plan().max_keys_per_split; }
   /// The accumulation shape of this layer's decode (the kernel, its longest chains, rescales
   /// and merged partials), from which ref::decode_bound derives the accuracy bound (include

@@ -263,6 +263,20 @@ struct VerifyChain {
 
 #undef KVLAYER_HARNESS_COMMAND
 
+/// How the system under test plans its decode grid (the reference has none): every choice
+/// meets the same accuracy contract, and the generator draws them so that long splits (many
+/// key-loop trips per warp), fine splits (merges over hundreds of partials) and every kernel
+/// instance are reached on purpose. Unset fields take the system's defaults.
+struct DecodeChoice {
+  enum class Kernel : std::uint8_t { mma, cuda_core };
+  enum class Rows : std::uint8_t { automatic, split, whole };
+  std::optional<Kernel> kernel;
+  std::optional<Rows> rows;
+  std::optional<int> split_balance;  ///< 0 … 64
+  int max_verify_splits = 0;         ///< 0: no cap
+  bool operator==(const DecodeChoice&) const = default;
+};
+
 /// A whole case: a layer and the commands run on it.
 struct Case {
   Geometry geometry;
@@ -270,6 +284,8 @@ struct Case {
   DType dtype = DType::f32;
   std::uint64_t seed = 0;  ///< the seed the case was drawn from (informational)
   std::vector<Command> commands;
+  int max_verify = 16;  ///< both sides' (SPEC §11); the CUDA layer supports up to 64
+  DecodeChoice decode;
 };
 
 /// Calls f(std::type_identity<C>{}) for every command type C, in Command's order.

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "kvlayer/harness/generate.hpp"
 
@@ -9,6 +11,10 @@ namespace kvlayer::harness {
 
 /// True when a CUDA device can be used by this process.
 bool cuda_device_available();
+
+/// Every split-kernel instance a CUDA plan can select, named as the coverage table names them
+/// ("mma_direct d128 r8"): the instances a campaign's coverage floors require.
+std::vector<std::string> cuda_selectable_instances();
 
 /// A factory making a CudaSystem per case. NOTE: the stream, input staging buffers and the
 /// CUDA context are process-wide, so a case costs only its layer's allocations.

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvlayer/harness/commands.hpp"
+#include "kvlayer/harness/coverage.hpp"
 #include "kvlayer/harness/system.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
@@ -30,6 +31,7 @@ struct Stats {
   double worst_error = 0;        ///< the error at that element
   double worst_bound = 0;        ///< and its bound
   ref::BoundTightness tightness; ///< over every element compared with a bound
+  Coverage coverage;             ///< what the system's launches reached (coverage.hpp)
   /// Wall-clock seconds spent in commands, and the parts of it in the system's calls (without
   /// its state read-backs), in those read-backs (snapshots) and in the derived decode bounds.
   /// The rest of `in_commands` is the model and the comparisons.

@@ -17,10 +17,18 @@ namespace kvlayer::harness {
 /// Makes a fresh system for a case; an empty function means "reference only".
 using SystemFactory = std::function<std::unique_ptr<System>(const Case&)>;
 
-/// Limits on what a campaign draws.
+/// Limits on what a campaign draws. A case's max_ctx falls in one of three classes: short
+/// (up to max_ctx, most cases), medium (up to medium_ctx: windows above 64, rings rebasing by
+/// many units, forced long splits of thousands of keys) and long (long_ctx_min … long_ctx keys,
+/// one KV head, so the float64 reference stays affordable: the merges over hundreds of splits).
+/// A class whose limit is 0 is never drawn.
 struct DrawLimits {
   int max_kv_heads = 8;
-  std::int64_t max_ctx = 640;  ///< sequence length is rapidcheck's size (CampaignConfig::max_size)
+  std::int64_t max_ctx = 640;
+  std::int64_t medium_ctx = 8192;
+  std::int64_t long_ctx_min = 16384;
+  std::int64_t long_ctx = 131072;
+  int max_verify = 64;  ///< a case's max_verify is 16 half the time, else drawn up to this
 };
 
 /// What the property needs besides rapidcheck.
@@ -40,5 +48,8 @@ void model_based_property(const PropertyOptions& options);
 
 /// The geometry generator alone (used by tests of the generator itself).
 Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads);
+
+/// The decode-plan choice of a case (with rapidcheck's generators; shrinks to the defaults).
+DecodeChoice draw_decode_choice();
 
 }  // namespace kvlayer::harness

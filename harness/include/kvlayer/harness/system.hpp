@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvlayer/harness/commands.hpp"
+#include "kvlayer/harness/coverage.hpp"
 #include "kvlayer/harness/row_data.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/status.hpp"
@@ -63,9 +64,9 @@ class System {
   virtual std::vector<std::vector<float>> graph_chain(
       const std::vector<HostRows>& rows, const std::vector<std::vector<float>>& queries,
       bool windowed, std::optional<float> scale) = 0;
-  /// For the last graph_chain: each step's decode run eagerly on the state the replayed step
-  /// left (same call, same state: must be bit-identical to the replayed output), or empty when
-  /// the system has no eager path to compare.
+  /// For the last graph_chain (verify_chain): each step's decode (round's verify) run eagerly
+  /// on the state the replay left (same call, same state: must be bit-identical to the
+  /// replayed output), or empty when the system has no eager path to compare.
   virtual std::vector<std::vector<float>> last_chain_eager() { return {}; }
   virtual void clear_status() = 0;
   /// Synchronizes and reads back the whole state.
@@ -74,6 +75,9 @@ class System {
   virtual kvlayer::AccumulationShape accumulation_shape(DecodeVariant variant) = 0;
   /// The launch shape of a verify decode of t queries (every row's bound).
   virtual kvlayer::AccumulationShape verify_accumulation_shape(int t) = 0;
+  /// Moves what the system's decode launches reached since the last call into `into`
+  /// (coverage.hpp); a system without kernels counts nothing.
+  virtual void take_coverage(Coverage& into) { (void)into; }
 };
 
 }  // namespace kvlayer::harness
