@@ -8,8 +8,11 @@
 # The GPUs: CUDA_VISIBLE_DEVICES' entries when it is set, else nvidia-smi's indices; when none
 # are found the processes inherit the environment unchanged (gpu "-" in the tables).
 # Failing cases' replay files and each process's summary land in $OUT (or ./campaign-out).
-# Every second process runs with KVLAYER_DECODE_ROWS=whole: the harness's small geometries
-# always split a KV head's gqa > 8 rows over two blocks, and the 16-row kernels need proof too.
+# Each case draws its decode plan (row choice, split balance, verify split cap, kernel family),
+# so every process reaches every kernel instance. After the tables, the coverage of all
+# processes summed (SPEC §10.7): the campaign fails when a selectable instance did not run 1, 2
+# and >= 3 key-loop trips, or a merge over 256 splits, a verify of T > 16, a ring view past base
+# over several splits or a multi-unit rebase never happened.
 set -uo pipefail
 build=${1:-build-device}
 procs=${2:-16}
@@ -24,22 +27,19 @@ elif command -v nvidia-smi >/dev/null 2>&1; then
   mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ')
 fi
 declare -A gpu_of  # seed -> the GPU its process saw ("-": the environment unchanged)
-declare -A rows_of  # seed -> its KVLAYER_DECODE_ROWS
 start=$(date +%s)
 logs=()  # this campaign's (an earlier one's logs in $OUT stay out of the tables)
 for ((i = 0; i < procs; ++i)); do
   seed=$((first_seed + i))
   logs+=("$out/campaign/fuzz-$seed.log")
-  rows=$( ((i % 2)) && echo whole || echo auto)
-  rows_of[$seed]=$rows
   if ((${#gpus[@]} > 0)); then
     gpu_of[$seed]=${gpus[i % ${#gpus[@]}]}
-    env CUDA_VISIBLE_DEVICES="${gpu_of[$seed]}" KVLAYER_DECODE_ROWS=$rows "$build/bin/kvlayer" fuzz --cases 1000000 \
+    env CUDA_VISIBLE_DEVICES="${gpu_of[$seed]}" "$build/bin/kvlayer" fuzz --cases 1000000 \
       --minutes "$minutes" --seed "$seed" --replay-dir "$out/campaign" \
       >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
   else
     gpu_of[$seed]=-
-    KVLAYER_DECODE_ROWS=$rows "$build/bin/kvlayer" fuzz --cases 1000000 --minutes "$minutes" --seed "$seed" \
+    "$build/bin/kvlayer" fuzz --cases 1000000 --minutes "$minutes" --seed "$seed" \
       --replay-dir "$out/campaign" >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
   fi
 done
@@ -49,7 +49,7 @@ per_min() { echo $(($1 * 60 / (secs > 0 ? secs : 1))); }
 total=0
 failed=0
 declare -A gpu_procs gpu_cases gpu_failed
-printf '%-8s %4s %5s %8s %10s %9s %12s %s\n' seed gpu rows cases cases/min failures bytes "worst error/bound"
+printf '%-8s %4s %8s %10s %9s %12s %s\n' seed gpu cases cases/min failures bytes "worst error/bound"
 for f in "${logs[@]}"; do
   seed=${f##*/fuzz-}
   seed=${seed%.log}
@@ -59,7 +59,7 @@ for f in "${logs[@]}"; do
   fails=$(awk '$1 == "failures" {print $2}' "$f")
   bytes=$(awk '$1 == "bytes" && $2 == "compared" {print $3}' "$f")
   worst=$(awk -F'  +' '/largest decode error\/bound/ {print $3}' "$f")
-  printf '%-8s %4s %5s %8s %10s %9s %12s %s\n' "$seed" "$gpu" "${rows_of[$seed]}" "${cases:-?}" "${rate:-?}" "${fails:-?}" "${bytes:-?}" "${worst:-?}"
+  printf '%-8s %4s %8s %10s %9s %12s %s\n' "$seed" "$gpu" "${cases:-?}" "${rate:-?}" "${fails:-?}" "${bytes:-?}" "${worst:-?}"
   total=$((total + ${cases:-0}))
   gpu_procs[$gpu]=$((${gpu_procs[$gpu]:-0} + 1))
   gpu_cases[$gpu]=$((${gpu_cases[$gpu]:-0} + ${cases:-0}))
@@ -87,4 +87,7 @@ done
 echo "campaign: $procs processes x $minutes min on ${#gpus[@]} GPU(s)${gpus[*]:+ (${gpus[*]})}:" \
      "$total cases in $secs s ($(per_min "$total") cases/min overall), failing processes: $failed"
 grep -h "sides" "${logs[@]}" | sort | uniq -c
-[[ $failed == 0 ]]
+echo
+python3 "$(dirname "$0")/campaign_coverage.py" "${logs[@]}"
+coverage=$?
+[[ $failed == 0 && $coverage == 0 ]]

@@ -46,6 +46,12 @@ std::string Coverage::table() const {
   return out;
 }
 
+std::string selectable_line(const std::vector<std::string>& selectable) {
+  std::string line = "coverage selectable:";
+  for (std::size_t i = 0; i < selectable.size(); ++i) line += (i ? "; " : " ") + selectable[i];
+  return line + "\n";
+}
+
 std::vector<std::string> Coverage::unmet_floors(const std::vector<std::string>& selectable) const {
   std::vector<std::string> unmet;
   const char* buckets[] = {"1 trip", "2 trips", ">= 3 trips"};

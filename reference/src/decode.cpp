@@ -12,6 +12,7 @@
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
 #include "kvlayer/reference/quantize.hpp"
+#include "parallel_rows.hpp"
 
 namespace kvlayer::ref {
 namespace {
@@ -107,7 +108,8 @@ std::vector<double> KvLayer::attend(std::span<const float> q, int n_q_heads,
   const double s = scale.value_or(default_scale(g.head_dim_k));
   std::vector<double> out(std::size_t(n_q_heads) * g.head_dim_v, 0.0);
   if (lend <= lbegin) return out;  // empty view: all-zero output
-  for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+  detail::parallel_rows(std::size_t(g.n_kv_heads), [&](std::size_t head) {
+    const int kv = int(head);
     const HeadCache c = gather_head(*this, kv, DecodeView{lbegin, lend, base});
     const MatrixXd o =  // [head_dim_v × gqa]
         c.v.transpose() *
@@ -115,7 +117,7 @@ std::vector<double> KvLayer::attend(std::span<const float> q, int n_q_heads,
     for (int j = 0; j < gqa; ++j)
       for (int e = 0; e < g.head_dim_v; ++e)
         out[std::size_t(kv * gqa + j) * g.head_dim_v + e] = o(e, j);
-  }
+  });
   return out;
 }
 
@@ -206,13 +208,13 @@ std::vector<double> KvLayer::attend_rows(std::span<const float> q, int n_q_heads
   // Row by row through the single-query code, so that row i is bit-identical to decode() at
   // len p_i + 1 (SPEC §11: "the decode a single-query call would compute").
   const std::size_t q_row = std::size_t(n_q_heads) * std::size_t(geometry_.head_dim_k);
-  std::vector<double> out;
-  out.reserve(views.size() * std::size_t(n_q_heads) * std::size_t(geometry_.head_dim_v));
-  for (std::size_t i = 0; i < views.size(); ++i) {
+  const std::size_t out_row = std::size_t(n_q_heads) * std::size_t(geometry_.head_dim_v);
+  std::vector<double> out(views.size() * out_row);
+  detail::parallel_rows(views.size(), [&](std::size_t i) {
     const std::vector<double> row = attend(q.subspan(i * q_row, q_row), n_q_heads, scale,
                                            views[i].begin, views[i].end, views[i].base);
-    out.insert(out.end(), row.begin(), row.end());
-  }
+    std::copy(row.begin(), row.end(), out.begin() + std::ptrdiff_t(i * out_row));
+  });
   return out;
 }
 
@@ -339,7 +341,8 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
   const double chain = shape.tensor_core ? gamma / u32 * double(shape.pv_mma_steps)
                                          : double(shape.max_keys_per_split);
   const double accumulation = (chain + 4 * rescales + double(shape.n_splits) + 8) * u32;
-  for (int kv = 0; kv < g.n_kv_heads; ++kv) {
+  detail::parallel_rows(std::size_t(g.n_kv_heads), [&](std::size_t head) {
+    const int kv = int(head);
     const HeadCache c = gather_head(layer, kv, view);
     const MatrixXdR abs_k = c.k.cwiseAbs();
     const MatrixXdR abs_v = c.v.cwiseAbs();
@@ -391,7 +394,7 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
                      std::ldexp(1.0, -25) * (1 + u16) * v_sum(e);
       }
     }
-  }
+  });
   return r;
 }
 
@@ -404,10 +407,10 @@ std::vector<DecodeBound> decode_rows_bound(const KvLayer& layer, std::span<const
   if (q.size() != views.size() * q_row)
     refuse("decode_rows_bound", "q has ", q.size(), " values, expected T ", views.size(),
            " x n_q_heads ", n_q_heads, " x head_dim_k ", g.head_dim_k, " = ", views.size() * q_row);
-  std::vector<DecodeBound> out;
-  for (std::size_t i = 0; i < views.size(); ++i)
-    out.push_back(
-        decode_bound(layer, q.subspan(i * q_row, q_row), n_q_heads, scale, views[i], shape));
+  std::vector<DecodeBound> out(views.size());
+  detail::parallel_rows(views.size(), [&](std::size_t i) {
+    out[i] = decode_bound(layer, q.subspan(i * q_row, q_row), n_q_heads, scale, views[i], shape);
+  });
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include "system_choice.hpp"
 
 #ifdef KVLAYER_WITH_CUDA
+#include "kvlayer/harness/cuda_system.hpp"
 #include "mutants.hpp"
 #endif
 
@@ -34,6 +35,10 @@ constexpr std::string_view kUsage =
     "  --max-size N     rapidcheck size: longest sequences (default 150)\n"
     "  --replay-dir D   where a failing case's replay file goes (default .); an existing,\n"
     "                   writable directory, checked before the first case\n"
+    "  --require-coverage  with the CUDA side: fail (exit 1) when a coverage floor is not met\n"
+    "                   (every selectable kernel instance run with 1, 2 and >= 3 key-loop\n"
+    "                   trips per warp; a merge over 256 splits, a verify of T > 16, a ring\n"
+    "                   view past base over >= 2 splits, a rebase of >= 2 units)\n"
     "  A failing case is shrunk; its shrunk sequence is printed before the replay file\n"
     "  (DIR/failure-seed-S.json) is written.\n"
     "  exit status 0 when every case passed, 1 on a failure (and when the replay file could\n"
@@ -143,6 +148,28 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
   }
   // Unindented, so that tools/device-campaign.sh can collect it.
   if (r.stats.tightness.elements() > 0) std::printf("%s\n", r.stats.tightness.summary().c_str());
+  if (!r.stats.coverage.empty()) std::printf("%s", r.stats.coverage.table().c_str());
+}
+
+/// The coverage floors of a run with the CUDA side (SPEC §10.7): the instances its plans can
+/// select, for tools/campaign_coverage.py, which sums the tables of parallel processes; with
+/// --require-coverage this process's own unmet floors fail it.
+bool coverage_floors_met(const harness::CampaignResult& r, const SystemChoice& choice,
+                         bool require) {
+#ifdef KVLAYER_WITH_CUDA
+  if (!choice.factory) return true;
+  const auto selectable = harness::cuda_selectable_instances();
+  std::printf("%s", harness::selectable_line(selectable).c_str());
+  if (!require) return true;
+  const auto unmet = r.stats.coverage.unmet_floors(selectable);
+  for (const std::string& u : unmet) std::printf("coverage floor not met: %s\n", u.c_str());
+  return unmet.empty();
+#else
+  (void)r;
+  (void)choice;
+  (void)require;
+  return true;
+#endif
 }
 
 /// The planted mutant armed in this process, when this build has them (KVLAYER_MUTANTS=ON)
@@ -168,7 +195,8 @@ void print_mutant_note(const SystemChoice& choice) {
 }
 
 int run_fuzz(const std::vector<std::string>& args) {
-  const Options o(args, {"cases", "minutes", "seed", "max-size", "replay-dir"}, {"reference-only"});
+  const Options o(args, {"cases", "minutes", "seed", "max-size", "replay-dir"},
+                  {"reference-only", "require-coverage"});
   harness::CampaignConfig config;
   config.cases = o.integer("cases", 300, 1, 1'000'000'000);
   config.minutes = parse_minutes(o);
@@ -200,11 +228,12 @@ int run_fuzz(const std::vector<std::string>& args) {
   const harness::CampaignResult r = harness::run_campaign(config);
   progress.finish();
   print_summary(r, choice.sides);
+  const bool covered = coverage_floors_met(r, choice, o.flag("require-coverage"));
   if (!r.replay_error.empty()) {
     std::fflush(stdout);
     std::fprintf(stderr, "kvlayer fuzz: %s\n", r.replay_error.c_str());
   }
-  return r.passed ? kExitOk : kExitFailure;
+  return r.passed && covered ? kExitOk : kExitFailure;
 }
 
 }  // namespace

@@ -46,4 +46,8 @@ struct Coverage {
   std::vector<std::string> unmet_floors(const std::vector<std::string>& selectable) const;
 };
 
+/// "coverage selectable: a; b; …\n": the instances the floors require, as `kvlayer fuzz`
+/// prints them for tools/campaign_coverage.py.
+std::string selectable_line(const std::vector<std::string>& selectable);
+
 }  // namespace kvlayer::harness
