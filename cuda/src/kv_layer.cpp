@@ -125,7 +125,15 @@ struct KvLayer::State {
   }
 
   Placement place(std::int64_t n, const char* op) const {
-    return detail::place_rows(g, len, base, n, op);
+    Placement p = detail::place_rows(g, len, base, n, op);
+    // (planted bug: a rebase moves base by one 32-row unit however far the plan moves it, where
+    // the append still fits)
+    if (KVLAYER_HOST_MUTANT(rebase_moves_one_unit) && p.rebase && p.retain - base > kRingAlign &&
+        len - (base + kRingAlign) + n <= rows) {
+      p.retain = base + kRingAlign;
+      p.keep = p.write_row = len - p.retain;
+    }
+    return p;
   }
 
   // ---- device work ----

@@ -107,8 +107,20 @@ struct Drawn : rc::state::Command<GenModel, Executor> {
     m.twin = std::move(next);
   }
   void run(const GenModel&, Executor& ex) const override {
-    for (const auto& c : commands)
-      if (auto diff = ex.step(c)) RC_FAIL(*diff);
+    for (const auto& c : commands) {
+      // A difference the harness found, or an exception from a side (a CUDA failure, a crash
+      // the system reported): both fail the case, and the report says which (tools/mutants
+      // counts a mutant caught only by a difference).
+      std::optional<std::string> diff;
+      std::optional<std::string> thrown;
+      try {
+        diff = ex.step(c);
+      } catch (const std::exception& e) {
+        thrown = e.what();
+      }
+      if (thrown) RC_FAIL(std::string(kExceptionPrefix) + *thrown);
+      if (diff) RC_FAIL(std::string(kDifferencePrefix) + *diff);
+    }
   }
   void show(std::ostream& os) const override {
     for (std::size_t i = 0; i < commands.size(); ++i)
@@ -166,11 +178,13 @@ Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads) {
   const int most_kv = length == kShort ? limits.max_kv_heads
                                        : (length == kMedium ? std::min(limits.max_kv_heads, 4) : 1);
   g.n_kv_heads = *rc::gen::inRange(1, most_kv + 1);
-  g.head_dim_k = g.head_dim_v = *rc::gen::element(64, 128, 256);
+  g.head_dim_k = g.head_dim_v =
+      limits.head_dim > 0 ? limits.head_dim : *rc::gen::element(64, 128, 256);
   // gqa by powers of two first, so that every rows-per-block instance (1, 2, 4, 8, 16) is drawn
-  // alike: (2^(p−1), 2^p] for p uniform in 0..4.
+  // alike: (2^(p−1), 2^p] for p uniform in 0..4, then clamped to the limits.
   const int p = *rc::gen::inRange(0, 5);
-  const int gqa = p == 0 ? 1 : *rc::gen::inRange((1 << (p - 1)) + 1, (1 << p) + 1);
+  const int gqa = std::clamp(p == 0 ? 1 : *rc::gen::inRange((1 << (p - 1)) + 1, (1 << p) + 1),
+                             limits.min_gqa, limits.max_gqa);
   *n_q_heads = g.n_kv_heads * gqa;
   const auto draw_ctx = [&] {
     switch (length) {
@@ -198,7 +212,7 @@ Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads) {
   return g;
 }
 
-DecodeChoice draw_decode_choice() {
+DecodeChoice draw_decode_choice(const DrawLimits& limits) {
   DecodeChoice d;
   // Each field: the system's default half the time or more (shrinks there), else a choice that
   // reaches a path the default does not at short views.
@@ -221,6 +235,7 @@ DecodeChoice draw_decode_choice() {
   }
   if (const int v = *rc::gen::inRange(0, 4); v >= 2)
     d.max_verify_splits = v == 2 ? 1 : *rc::gen::inRange(2, 9);
+  if (limits.rows) d.rows = limits.rows;
   return d;
 }
 
@@ -230,7 +245,7 @@ void model_based_property(const PropertyOptions& options) {
   c.dtype = *rc::gen::element(DType::f32, DType::f16, DType::bf16);
   if (*rc::gen::inRange(0, 2) == 1)
     c.max_verify = *rc::gen::inRange(1, std::max(2, options.limits.max_verify + 1));
-  c.decode = draw_decode_choice();
+  c.decode = draw_decode_choice(options.limits);
   c.seed = draw_seed();
   RC_TAG(c.geometry.is_ring() ? "ring" : (c.geometry.window ? "flat windowed" : "flat"));
   std::unique_ptr<System> system = options.make_system ? options.make_system(c) : nullptr;

@@ -23,7 +23,8 @@ namespace {
 
 constexpr std::string_view kUsage =
     "usage: kvlayer fuzz [--cases N] [--minutes M] [--seed S] [--max-size N]\n"
-    "                    [--replay-dir DIR] [--reference-only]\n"
+    "                    [--replay-dir DIR] [--reference-only] [--require-coverage]\n"
+    "                    [--head-dim D] [--min-gqa G] [--max-gqa G] [--rows R]\n"
     "  Runs random command sequences (append, append_dc(w), inc_seqlen, reserve, rewind,\n"
     "  decode variants, physical_rows, captured graph chains, status) on the reference and\n"
     "  the CUDA KvLayer, comparing planes, counters, status and decode outputs after every\n"
@@ -35,6 +36,9 @@ constexpr std::string_view kUsage =
     "  --max-size N     rapidcheck size: longest sequences (default 150)\n"
     "  --replay-dir D   where a failing case's replay file goes (default .); an existing,\n"
     "                   writable directory, checked before the first case\n"
+    "  --head-dim D, --min-gqa G, --max-gqa G, --rows auto|split|whole\n"
+    "                   draw only cases of head dim D, gqa in [G, G], that row choice (aims a\n"
+    "                   campaign at some kernel instances; tools/mutants runs one per instance)\n"
     "  --require-coverage  with the CUDA side: fail (exit 1) when a coverage floor is not met\n"
     "                   (every selectable kernel instance run with 1, 2 and >= 3 key-loop\n"
     "                   trips per warp; a merge over 256 splits, a verify of T > 16, a ring\n"
@@ -136,6 +140,10 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
                                     " s (case set-up and teardown, generation, shrinking)");
   line("failures", r.passed ? "0" : "1");
   if (!r.passed) {
+    // What failed the case: a difference between the sides, or an exception from one.
+    const bool difference = r.report.find(harness::kDifferencePrefix) != std::string::npos;
+    const bool thrown = r.report.find(harness::kExceptionPrefix) != std::string::npos;
+    line("failure kind", difference ? "difference" : (thrown ? "exception" : "other"));
     if (r.failing_commands > 0)
       line("failing case", std::to_string(r.failing_commands) + " commands");
     if (!r.replay_error.empty())
@@ -195,7 +203,9 @@ void print_mutant_note(const SystemChoice& choice) {
 }
 
 int run_fuzz(const std::vector<std::string>& args) {
-  const Options o(args, {"cases", "minutes", "seed", "max-size", "replay-dir"},
+  const Options o(args,
+                  {"cases", "minutes", "seed", "max-size", "replay-dir", "head-dim", "min-gqa",
+                   "max-gqa", "rows"},
                   {"reference-only", "require-coverage"});
   harness::CampaignConfig config;
   config.cases = o.integer("cases", 300, 1, 1'000'000'000);
@@ -203,6 +213,24 @@ int run_fuzz(const std::vector<std::string>& args) {
   config.seed = std::uint64_t(o.integer("seed", 1, 0, INT64_MAX));
   config.max_size = int(o.integer("max-size", 150, 1, 10000));
   config.replay_dir = o.get("replay-dir").value_or(".");
+  if (o.get("head-dim")) {
+    config.limits.head_dim = int(o.integer("head-dim", 0, 64, 256));
+    if (config.limits.head_dim != 64 && config.limits.head_dim != 128 &&
+        config.limits.head_dim != 256)
+      throw UsageError("--head-dim '" + *o.get("head-dim") + "' must be 64, 128 or 256");
+  }
+  config.limits.min_gqa = int(o.integer("min-gqa", 1, 1, 16));
+  config.limits.max_gqa = int(o.integer("max-gqa", 16, config.limits.min_gqa, 16));
+  if (const auto rows = o.get("rows")) {
+    if (*rows == "auto")
+      config.limits.rows = harness::DecodeChoice::Rows::automatic;
+    else if (*rows == "split")
+      config.limits.rows = harness::DecodeChoice::Rows::split;
+    else if (*rows == "whole")
+      config.limits.rows = harness::DecodeChoice::Rows::whole;
+    else
+      throw UsageError("--rows '" + *rows + "' must be auto, split or whole");
+  }
   // Before anything runs: a failure found later must have somewhere to go.
   harness::check_replay_dir(config.replay_dir);
   const SystemChoice choice = choose_system(o.flag("reference-only"));

@@ -234,6 +234,11 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   const int rows_per_block = verify_rows_per_block(rows, int(gridDim.z));
   r.row0 = blockIdx.z * rows_per_block;
   r.nrows = rows - r.row0 < rows_per_block ? rows - r.row0 : rows_per_block;
+  if (KVLAYER_DEVICE_MUTANT(verify_last_row_block_short) && p.view.queries > 16 &&
+      blockIdx.z + 1 == gridDim.z && r.nrows > 1) {
+    --r.nrows;  // planted bug: the last row block of a verify of T > 16 drops its last row
+    KVLAYER_MUTANT_REACHED(site);
+  }
   const View view = resolve_view(p.view, site);
   if (view.error) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
@@ -320,6 +325,18 @@ __device__ __forceinline__ float pv_accumulator(float x, MutantSite site) {
     return r;
   }
   return x;
+}
+
+/// Whether a warp rescales its P·V accumulators after a max update: when any of its rows' max
+/// moved; under rescale_skipped_after_first_tile never after the warp's first key-loop trip
+/// (whose accumulators are no longer empty).
+__device__ __forceinline__ bool rescale_accumulators(bool any_moved, bool first_trip,
+                                                     MutantSite site) {
+  if (KVLAYER_DEVICE_MUTANT(rescale_skipped_after_first_tile) && any_moved && !first_trip) {
+    KVLAYER_MUTANT_REACHED(site);
+    return false;  // planted bug
+  }
+  return any_moved;
 }
 
 /// pv_accumulator for the registers one mma just updated.

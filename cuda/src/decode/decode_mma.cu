@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     }
     bool rescale = alpha[0] != 1.0f;
     if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
-    if (__any_sync(kFullMask, rescale)) {
+    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0, MutantSite::decode_mma)) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll

@@ -497,7 +497,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
         m_run[n][hh] = m_new;
         rescale = rescale || alpha[n][hh] != 1.0f;
       }
-    if (__any_sync(kFullMask, rescale)) {
+    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0,
+                             MutantSite::decode_mma_direct)) {
 #pragma unroll
       for (int n = 0; n < kNT; ++n)
 #pragma unroll
@@ -626,7 +627,10 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
       }
       if (++s == Ring::kStages) {
         s = 0;
-        parity ^= 1u;
+        if (KVLAYER_DEVICE_MUTANT(ring_parity_not_flipped))
+          KVLAYER_MUTANT_REACHED(MutantSite::decode_mma_direct);  // planted bug: waits pass early
+        else
+          parity ^= 1u;
       }
     }
     __syncthreads();  // every warp is done with the ring before o_s reuses it

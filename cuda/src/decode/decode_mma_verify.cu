@@ -455,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
         softmax(std::true_type{});
       else
         softmax(std::false_type{});
-      if (__any_sync(kFullMask, rescale)) {
+      if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0 && j0 == 0, kSite)) {
 #pragma unroll
         for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll

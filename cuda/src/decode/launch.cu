@@ -9,6 +9,7 @@
 #include "decode/decode_common.cuh"
 #include "decode/partition.hpp"
 #include "kvlayer/cuda/limits.hpp"
+#include "mutants.hpp"
 
 namespace kvlayer::cuda::detail {
 
@@ -88,8 +89,17 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   if (err != cudaSuccess) return err;
   if (err = cudaGetLastError(); err != cudaSuccess) return err;
 
-  const MergeParams mp{vp,        a.out,         plan.gqa,        n_splits,
-                       tile_keys, split_balance, plan.n_kv_heads, plan.head_dim,
+  // (planted bug: a verify's merge cuts the view with twice the split kernel's granule)
+  const int merge_granule =
+      verify && KVLAYER_HOST_MUTANT(verify_merge_granule) ? 2 * tile_keys : tile_keys;
+  const MergeParams mp{vp,
+                       a.out,
+                       plan.gqa,
+                       n_splits,
+                       merge_granule,
+                       split_balance,
+                       plan.n_kv_heads,
+                       plan.head_dim,
                        a.scratch};
   return launch_merge(mp, stream);
 }

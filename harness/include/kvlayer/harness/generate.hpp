@@ -14,6 +14,11 @@
 
 namespace kvlayer::harness {
 
+/// How a failing case's message starts: the harness found a difference between the sides, or
+/// a side threw (a CUDA failure, not a difference).
+inline constexpr const char* kDifferencePrefix = "difference: ";
+inline constexpr const char* kExceptionPrefix = "exception (not a difference): ";
+
 /// Makes a fresh system for a case; an empty function means "reference only".
 using SystemFactory = std::function<std::unique_ptr<System>(const Case&)>;
 
@@ -29,6 +34,12 @@ struct DrawLimits {
   std::int64_t long_ctx_min = 16384;
   std::int64_t long_ctx = 131072;
   int max_verify = 64;  ///< a case's max_verify is 16 half the time, else drawn up to this
+  /// Restrictions that aim a campaign at some kernel instances (tools/mutants runs a mutant
+  /// once per instance): 0 draws any supported head dim; gqa within [min_gqa, max_gqa]; a set
+  /// row choice replaces the drawn one.
+  int head_dim = 0;
+  int min_gqa = 1, max_gqa = 16;
+  std::optional<DecodeChoice::Rows> rows;
 };
 
 /// What the property needs besides rapidcheck.
@@ -50,6 +61,6 @@ void model_based_property(const PropertyOptions& options);
 Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads);
 
 /// The decode-plan choice of a case (with rapidcheck's generators; shrinks to the defaults).
-DecodeChoice draw_decode_choice();
+DecodeChoice draw_decode_choice(const DrawLimits& limits);
 
 }  // namespace kvlayer::harness
