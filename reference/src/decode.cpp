@@ -328,6 +328,7 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
   const double D = g.head_dim_k;
   const std::size_t n_out = std::size_t(n_q_heads) * std::size_t(g.head_dim_v);
   DecodeBound r{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
+                std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
                 std::vector<double>(n_out, 0.0)};
   if (view.end <= view.begin) return r;
   // Rounding point (5): one m16n8k16 accumulation is within γ of Σ|addends|.
@@ -374,12 +375,16 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
     const MatrixXd term_subnormal = v_subnormal.transpose() * high;
     const Eigen::VectorXd v_sum = abs_v.colwise().sum().transpose();
     const Eigen::VectorXd column_max = abs_v.colwise().maxCoeff().transpose();
+    const Eigen::VectorXd v_low = c.v.colwise().minCoeff().transpose();
+    const Eigen::VectorXd v_high = c.v.colwise().maxCoeff().transpose();
     for (int j = 0; j < gqa; ++j) {
       const std::size_t h = std::size_t(kv * gqa + j);
       for (int e = 0; e < g.head_dim_v; ++e) {
         const std::size_t i = h * std::size_t(g.head_dim_v) + std::size_t(e);
         r.exact_q[i] = std::fabs(o_rounded(e, j) - o_exact(e, j));
         r.max_abs_v[i] = column_max(e);
+        r.rounded[i] = o_rounded(e, j);
+        r.convex_reach[i] = std::max(o_rounded(e, j) - v_low(e), v_high(e) - o_rounded(e, j));
         // NOTE: a column whose attended V is all zero has no error at all, even where the
         // score perturbation is unbounded: skip the products (inf · 0 must not be NaN).
         if (column_max(e) == 0) {
@@ -414,42 +419,58 @@ std::vector<DecodeBound> decode_rows_bound(const KvLayer& layer, std::span<const
   return out;
 }
 
-void BoundTightness::record(double err, double bound, double exact_q, double max_abs_v) {
+void BoundTightness::record(double got, const DecodeBound& b, std::size_t i) {
   ++elements_;
-  // An all-zero column admits only 0, so a zero bound there is exact, not vacuous.
-  if (max_abs_v > 0 ? bound >= max_abs_v : bound > 0) ++vacuous_;
+  const double bound = b.bound[i], exact_q = b.exact_q[i];
+  // A column whose view admits only one value (reach 0) is exact, not vacuous, at bound 0.
+  const double reach = b.convex_reach[i];
+  if (reach > 0 ? bound >= reach : bound > 0) ++vacuous_;
   if (!(bound > exact_q)) return;
-  const double h = std::clamp((err - exact_q) / (bound - exact_q), 0.0, 1.0);
-  headroom_max_ = std::max(headroom_max_, h);
-  ++histogram_[std::size_t(std::min(kBins - 1, int(h * kBins)))];
-  ++headroom_count_;
+  const double r = std::fabs(got - b.rounded[i]) / (bound - exact_q);
+  ++resolved_;
+  resolution_max_ = std::max(resolution_max_, r);
+  int bin = 0;
+  if (r >= 1)
+    bin = kBins - 1;
+  else if (r >= std::ldexp(1.0, -kOctaves))
+    bin = 1 + std::min(kBins - 3, int(std::floor((std::log2(r) + kOctaves) * kPerOctave)));
+  ++histogram_[std::size_t(bin)];
 }
 
 void BoundTightness::add(const BoundTightness& o) {
   elements_ += o.elements_;
+  skipped_ += o.skipped_;
   vacuous_ += o.vacuous_;
-  headroom_count_ += o.headroom_count_;
-  headroom_max_ = std::max(headroom_max_, o.headroom_max_);
+  resolved_ += o.resolved_;
+  resolution_max_ = std::max(resolution_max_, o.resolution_max_);
   for (int i = 0; i < kBins; ++i) histogram_[std::size_t(i)] += o.histogram_[std::size_t(i)];
 }
 
-double BoundTightness::headroom_median() const {
-  if (headroom_count_ == 0) return 0;
+double BoundTightness::resolution(double q) const {
+  if (resolved_ == 0) return 0;
+  const auto want = std::int64_t(std::ceil(q * double(resolved_)));
   std::int64_t seen = 0;
   for (int i = 0; i < kBins; ++i) {
     seen += histogram_[std::size_t(i)];
-    if (2 * seen >= headroom_count_) return (i + 0.5) / kBins;  // the bin's centre
+    if (seen >= std::max<std::int64_t>(want, 1)) {
+      if (i == 0) return std::ldexp(1.0, -kOctaves);
+      if (i == kBins - 1) return resolution_max_;
+      // The bin's upper edge, never above the largest value seen.
+      return std::min(resolution_max_, std::exp2(double(i) / kPerOctave - kOctaves));
+    }
   }
-  return 1;
+  return resolution_max_;
 }
 
 std::string BoundTightness::summary() const {
-  char buf[200];
+  char buf[320];
   std::snprintf(buf, sizeof buf,
-                "bound tightness: %lld elements, vacuous %lld (%.4f%%), residual headroom max "
-                "%.4f median %.4f",
-                static_cast<long long>(elements_), static_cast<long long>(vacuous_),
-                100 * vacuous_fraction(), headroom_max_, headroom_median());
+                "bound tightness: %lld elements, skipped %lld (NaN reference), vacuous %lld "
+                "(%.4f%%) against the convex reach, resolution |got - o~|/(bound - e_q) p50 %.2g "
+                "p90 %.2g p99 %.2g max %.2g",
+                static_cast<long long>(elements_), static_cast<long long>(skipped_),
+                static_cast<long long>(vacuous_), 100 * vacuous_fraction(), resolution(0.5),
+                resolution(0.9), resolution(0.99), resolution_max_);
   return buf;
 }
 

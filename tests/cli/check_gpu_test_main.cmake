@@ -39,5 +39,5 @@ check("MainSelfTest.Fails:MainSelfTest.Skips" ON 1)
 check("MainSelfTest.FailsThenSkips" ON 1)
 check("MainSelfTest.Fails:MainSelfTest.FailsThenSkips:MainSelfTest.Passes" ON 1)
 check("MainSelfTest.RecordsTightness" OFF 0
-      "bound tightness: 1 elements, vacuous 0 \\(0.0000%\\), residual headroom max 0.5000")
+      "bound tightness: 1 elements, skipped 1 \\(NaN reference\\), vacuous 0 \\(0.0000%\\) against the convex reach, resolution \\|got - o~\\|/\\(bound - e_q\\) p50 0.5 p90 0.5 p99 0.5 max 0.5")
 check("NoSuchTest.*" OFF 0)

@@ -33,8 +33,11 @@ TEST(MainSelfTest, FailsThenSkips) {
 }
 
 TEST(MainSelfTest, RecordsTightness) {
-  // err 0.5 against bound 1 (exact-q term 0), max|V| 4: one element, not vacuous.
-  kvlayer::testing::bound_tightness().record(0.5, 1.0, 0.0, 4.0);
+  // got 0.5 against õ 0 and bound 1 (exact-q term 0), convex reach 4: one element, not
+  // vacuous, resolution 0.5; and one skipped (NaN reference).
+  kvlayer::ref::DecodeBound b{{1.0}, {0.0}, {4.0}, {0.0}, {4.0}};
+  kvlayer::testing::bound_tightness().record(0.5, b, 0);
+  kvlayer::testing::bound_tightness().skip();
 }
 
 }  // namespace

@@ -275,5 +275,44 @@ TEST(Decode, HostAndDeviceCounterDecodesAgreeWhenTheCountersAgree) {
   EXPECT_EQ(l.decode(q, 4), *dc);  // same code path, same order: bit-identical
 }
 
+// The tightness figures (SPEC §10.6): resolution percentiles from log bins that never
+// understate (a bin's upper edge, capped at the largest value), vacuity against the convex
+// reach, NaN skips counted apart, and sums that equal one record of everything.
+TEST(BoundTightness, PercentilesVacuityAndSkips) {
+  ref::BoundTightness t, a, b;
+  // 100 elements: bound 1, e_q 0, õ 0, got i/100 · 2^-10 for i = 1..100; reach 2 (not vacuous).
+  for (int i = 1; i <= 100; ++i) {
+    const ref::DecodeBound e{{1.0}, {0.0}, {1.0}, {0.0}, {2.0}};
+    const double got = i / 100.0 * std::ldexp(1.0, -10);
+    t.record(got, e, 0);
+    (i % 2 ? a : b).record(got, e, 0);
+  }
+  // One vacuous element (bound ≥ its reach) and one whose bound is all exact-q term.
+  t.record(0.1, ref::DecodeBound{{3.0}, {0.0}, {1.0}, {0.0}, {2.0}}, 0);
+  t.record(0.1, ref::DecodeBound{{0.5}, {0.5}, {1.0}, {0.0}, {2.0}}, 0);
+  t.skip();
+  EXPECT_EQ(t.elements(), 102);
+  EXPECT_EQ(t.skipped(), 1);
+  EXPECT_EQ(t.vacuous(), 1);
+  const double p50 = t.resolution(0.5), p99 = t.resolution(0.99);
+  // 101 resolved elements: the 51st smallest is 0.50 · 2^-10; a bin is 2^(1/8) wide.
+  EXPECT_GE(p50, 0.50 * std::ldexp(1.0, -10));
+  EXPECT_LE(p50, 0.50 * std::ldexp(1.0, -10) * std::exp2(0.125));
+  EXPECT_GE(p99, 0.99 * std::ldexp(1.0, -10));
+  EXPECT_DOUBLE_EQ(t.resolution_max(), 0.1 / 3.0);
+  EXPECT_LE(t.resolution(1.0), t.resolution_max());
+  a.add(b);
+  EXPECT_EQ(a.elements(), 100);
+  EXPECT_DOUBLE_EQ(a.resolution(0.5), [&] {
+    ref::BoundTightness c;
+    for (int i = 1; i <= 100; ++i)
+      c.record(i / 100.0 * std::ldexp(1.0, -10),
+               ref::DecodeBound{{1.0}, {0.0}, {1.0}, {0.0}, {2.0}}, 0);
+    return c.resolution(0.5);
+  }());
+  EXPECT_NE(t.summary().find("skipped 1 (NaN reference), vacuous 1"), std::string::npos)
+      << t.summary();
+}
+
 }  // namespace
 }  // namespace kvlayer::testing

@@ -83,8 +83,7 @@ Resolution check_here(cuda::KvLayer& gpu, const ref::KvLayer& ref, int T, Rng& r
         continue;
       }
       if (b > 0) ratios.push_back(err / b);
-      bound_tightness().record(err, b, bounds[std::size_t(i)].exact_q[e],
-                               bounds[std::size_t(i)].max_abs_v[e]);
+      bound_tightness().record(got[at], bounds[std::size_t(i)], e);
     }
   if (!ratios.empty()) {
     std::sort(ratios.begin(), ratios.end());

@@ -127,7 +127,7 @@ void run_case(const GraphCase& c) {
             << "token " << t << " element " << e << ": " << got_r[e] << " vs reference "
             << (*want)[e] << ", |error| " << err << " > bound " << bound[e];
         if (bound[e] > 0) worst = std::max(worst, err / bound[e]);
-        bound_tightness().record(err, bound[e], b.exact_q[e], b.max_abs_v[e]);
+        bound_tightness().record(got_r[e], b, e);
       }
     }
     replayed.account_steps(k);

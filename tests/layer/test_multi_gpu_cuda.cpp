@@ -86,7 +86,7 @@ void expect_within(const std::vector<float>& got, const std::vector<double>& wan
                       << ", |error| " << err << " > bound " << b.bound[e];
       continue;
     }
-    bound_tightness().record(err, b.bound[e], b.exact_q[e], b.max_abs_v[e]);
+    bound_tightness().record(got[e], b, e);
   }
 }
 
