@@ -22,7 +22,11 @@ bool same_layout(const Geometry& a, const Geometry& b) {
 
 void validate_snapshot(const Snapshot& s, const char* operation) {
   const Geometry& g = s.geometry;
-  g.validate();
+  try {
+    g.validate();
+  } catch (const Error& e) {
+    refuse(operation, "snapshot ", e.what());
+  }
   if (s.len < 0 || s.len > g.max_ctx)
     refuse(operation, "snapshot len ", s.len, " is outside [0, max_ctx ", g.max_ctx, "]");
   const std::int64_t first = snapshot_first(g, s.len);
