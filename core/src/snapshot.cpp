@@ -20,7 +20,7 @@ bool same_layout(const Geometry& a, const Geometry& b) {
   return a.max_append == b.max_append && a.rewind_slack == b.rewind_slack;
 }
 
-void validate_snapshot(const Snapshot& s, const char* operation) {
+void validate_snapshot_rows(const Snapshot& s, const char* operation) {
   const Geometry& g = s.geometry;
   try {
     g.validate();
@@ -42,6 +42,11 @@ void validate_snapshot(const Snapshot& s, const char* operation) {
   if (s.base > s.first)
     refuse(operation, "snapshot base ", s.base, " is above its first row ", s.first,
            " (lapped: the ring had dropped rows the snapshot must hold)");
+}
+
+void validate_snapshot(const Snapshot& s, const char* operation) {
+  validate_snapshot_rows(s, operation);
+  const Geometry& g = s.geometry;
   for (auto [name, bytes, tok] :
        {std::tuple{"K", &s.k, g.k_tok_bytes()}, std::tuple{"V", &s.v, g.v_tok_bytes()}}) {
     const std::int64_t want = s.rows() * tok;

@@ -43,6 +43,10 @@ bool same_layout(const Geometry& a, const Geometry& b);
 /// or byte counts that are not rows() whole K and V rows.
 void validate_snapshot(const Snapshot& s, const char* operation);
 
+/// validate_snapshot without the byte counts: the geometry, len, first and base alone (a reader
+/// checks these before it trusts a row count enough to allocate).
+void validate_snapshot_rows(const Snapshot& s, const char* operation);
+
 /// Refuses restoring `s` into a layer of geometry `layer`: another layout (same_layout), or a
 /// malformed snapshot (validate_snapshot). Whether the layer is fresh is the layer's check.
 /// NOTE: SPEC §13 also refuses "a ring without room for len − first rows plus its headroom".
