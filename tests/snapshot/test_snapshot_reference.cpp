@@ -205,9 +205,10 @@ TEST(SnapshotReference, ARestoredRingRefusesRewindsBelowItsFirstRow) {
   ASSERT_EQ(copy.base(), 64);
   EXPECT_TRUE(f.layer.can_rewind_to(110));  // needs row align_down(50) = 32
   EXPECT_FALSE(copy.can_rewind_to(110));
-  expect_refused_unchanged(copy, [&] { copy.rewind(110); },
-                           "rewind: new_len 110 needs logical row 50 resident (the window of the "
-                           "next append), below base 64 (the ring already dropped it)");
+  expect_refused_unchanged(
+      copy, [&] { copy.rewind(110); },
+      "rewind: new_len 110 needs logical row 50 resident (the window of the "
+      "next append), below base 64 (the ring already dropped it)");
   EXPECT_TRUE(copy.can_rewind_to(124));  // needs row 64
   copy.rewind(124);
   f.layer.rewind(124);
