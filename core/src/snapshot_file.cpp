@@ -85,9 +85,13 @@ class FileSource : public gguf::Source {
   explicit FileSource(const std::string& path) : where_("load_snapshot: " + path) {
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd_ < 0) fail("cannot open", errno);
+    // The destructor does not run for a constructor that throws: close here.
     struct stat st {};
-    if (::fstat(fd_, &st) != 0) fail("cannot stat", errno);
-    if (!S_ISREG(st.st_mode)) fail("not a regular file", 0);
+    const int err = ::fstat(fd_, &st) != 0 ? errno : 0;
+    if (err != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd_);
+      fail(err != 0 ? "cannot stat" : "not a regular file", err);
+    }
     size_ = std::uint64_t(st.st_size);
   }
   ~FileSource() override { ::close(fd_); }
