@@ -43,7 +43,8 @@ void print_help(std::ostream& out) {
          "commands:\n";
   for (CommandFactory f : kCommands) {
     const Command& c = f();
-    out << "  " << c.name << std::string(std::max<std::size_t>(2, 16 - std::min<std::size_t>(16, c.name.size())), ' ')
+    out << "  " << c.name
+        << std::string(std::max<std::size_t>(2, 16 - std::min<std::size_t>(16, c.name.size())), ' ')
         << c.summary << "\n";
   }
   out << "\nexit status: 0 success, 1 data/I-O error or failed check, 2 usage error\n";

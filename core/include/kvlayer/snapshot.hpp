@@ -37,10 +37,10 @@ struct Snapshot {
 bool same_layout(const Geometry& a, const Geometry& b);
 
 /// Refuses (kvlayer::Error, refused: "<operation>: snapshot …", naming the value and the
-/// limit) a malformed snapshot: an illegal geometry ("<operation>: snapshot geometry: …"), len outside [0, max_ctx], first other than
-/// snapshot_first(geometry, len), a base that is not 0 (flat) or a multiple of 32 in
-/// [0, first] (ring; base > first means the ring had dropped rows the snapshot needs: lapped),
-/// or byte counts that are not rows() whole K and V rows.
+/// limit) a malformed snapshot: an illegal geometry ("<operation>: snapshot geometry: …"), len
+/// outside [0, max_ctx], first other than snapshot_first(geometry, len), a base that is not 0
+/// (flat) or a multiple of 32 in [0, first] (ring; base > first means the ring had dropped rows the
+/// snapshot needs: lapped), or byte counts that are not rows() whole K and V rows.
 void validate_snapshot(const Snapshot& s, const char* operation);
 
 /// validate_snapshot without the byte counts: the geometry, len, first and base alone (a reader
