@@ -23,6 +23,7 @@
 #include "kvlayer/accuracy.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
+#include "layer_state.hpp"
 #include "mutants.hpp"
 #include "plane_layout.hpp"
 #include "rebase.hpp"
@@ -62,177 +63,6 @@ void check_supported(const Geometry& g, int n_q_heads, int max_verify) {
 }
 
 }  // namespace
-
-struct KvLayer::State {
-  Geometry g;
-  int n_q_heads = 0;
-  int max_verify = 0;
-  DecodeOptions decode_options;
-  cudaStream_t stream = nullptr;
-  int device = 0;  ///< current at construction; made current by every call that touches CUDA
-  std::int64_t rows = 0;
-  detail::DecodePlan decode_plan;
-  // NOTE: every buffer a captured graph may hold is allocated here, once, and never replaced
-  // while the layer lives (SPEC §7).
-  DeviceBuffer k_plane, v_plane;
-  DeviceBuffer counters;  ///< int32[2]: len_d, base_d
-  DeviceBuffer status;    ///< DeviceStatus
-  DeviceBuffer scratch;   ///< decode split scratch
-  std::int64_t len = 0, base = 0;
-  bool after_rows_step = false;  ///< the last device-counter append wrote T > 1 rows (mutants)
-
-  State() = default;
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-  // NOTE: work still queued may use the buffers, also when the constructor threw after
-  // enqueueing the memsets: wait for it before they are freed (errors are ignored: a destructor
-  // cannot report them). Nothing is queued before the first allocation.
-  ~State() {
-    if (k_plane.get() != nullptr) (void)cudaStreamSynchronize(stream);
-  }
-
-  std::int32_t* len_d() const { return counters.as<std::int32_t>(); }
-  std::int32_t* base_d() const { return counters.as<std::int32_t>() + 1; }
-  DeviceStatus* dstatus() const { return status.as<DeviceStatus>(); }
-
-  // ---- refusals (host only, before any device work) ----
-
-  void check_rows(const RowsView& r, const char* op) const {
-    if (r.k == nullptr || r.v == nullptr) refuse(op, "k and v must not be null");
-    if (r.n < 1) refuse(op, "n ", r.n, " must be at least 1");
-    if (r.dtype != DType::f32 && r.dtype != DType::f16 && r.dtype != DType::bf16)
-      refuse(op, "dtype ", int(r.dtype), " is not f32, f16 or bf16");
-    const auto align = static_cast<std::uintptr_t>(dtype_size(r.dtype));
-    if (reinterpret_cast<std::uintptr_t>(r.k) % align != 0 ||
-        reinterpret_cast<std::uintptr_t>(r.v) % align != 0)
-      refuse(op, "k and v must be aligned to their ", align, "-byte ", dtype_name(r.dtype),
-             " elements");
-  }
-
-  void check_one_row(const RowsView& r, const char* op) const {
-    check_rows(r, op);
-    if (r.n != 1) refuse(op, "n ", r.n, " must be 1");
-  }
-
-  /// T of a multi-row step or a verify decode (SPEC §11).
-  void check_verify_count(std::int64_t t, const char* op) const {
-    if (t < 1) refuse(op, "T ", t, " must be at least 1");
-    if (t > max_verify) refuse(op, "T ", t, " exceeds max_verify ", max_verify);
-  }
-
-  static void check_decode_pointers(const float* q, const float* out, const char* op) {
-    if (q == nullptr || out == nullptr) refuse(op, "q and out must not be null");
-  }
-
-  Placement place(std::int64_t n, const char* op) const {
-    Placement p = detail::place_rows(g, len, base, n, op);
-    // (planted bug: a rebase moves base by one 32-row unit however far the plan moves it, where
-    // the append still fits)
-    if (KVLAYER_HOST_MUTANT(rebase_moves_one_unit) && p.rebase && p.retain - base > kRingAlign &&
-        len - (base + kRingAlign) + n <= rows) {
-      p.retain = base + kRingAlign;
-      p.keep = p.write_row = len - p.retain;
-    }
-    return p;
-  }
-
-  // ---- device work ----
-
-  void set_counters(std::int64_t new_len, std::int64_t new_base) {
-    KVLAYER_CUDA_TRY_NAMED(
-        detail::launch_set_counters(len_d(), base_d(), new_len, new_base, stream),
-        "launch_set_counters");
-  }
-
-  /// Moves the kept rows to the front of both planes, then base = base_d = retain. A CUDA
-  /// failure leaves everything as it was (base_d is restored after a failed move).
-  void apply(const Placement& p) {
-    if (!p.rebase) return;
-    const std::int64_t shift = p.retain - base;  // > 0: a rebase always drops rows
-    // base_d first: a failed move can then be undone by writing base_d back, whereas a move
-    // that ran cannot (it overwrites the dropped rows).
-    const bool update_base_d = !KVLAYER_HOST_MUTANT(base_d_not_updated);
-    if (update_base_d) set_counters(-1, p.retain);
-    if (shift > 0 && p.keep > 0) {
-      // (planted bug: the move forgets the last kept row)
-      const std::int64_t moved = KVLAYER_HOST_MUTANT(rebase_off_by_one) ? p.keep - 1 : p.keep;
-      const detail::PlaneMove k{k_plane.as<std::uint8_t>(), shift * g.k_tok_bytes(),
-                                moved * g.k_tok_bytes()};
-      const detail::PlaneMove v{v_plane.as<std::uint8_t>(), shift * g.v_tok_bytes(),
-                                moved * g.v_tok_bytes()};
-      try {
-        KVLAYER_CUDA_TRY_NAMED(detail::launch_rebase(k, v, stream), "launch_rebase");
-      } catch (const Error& failure) {
-        if (update_base_d) restore_base_d(failure);
-        throw;
-      }
-    }
-    base = p.retain;
-  }
-
-  /// After a failed move: base_d = base again. Should that fail too, the CUDA context is most
-  /// likely broken (a sticky error) and base_d may be stale: the message says so.
-  void restore_base_d(const Error& failure) {
-    try {
-      set_counters(-1, base);
-    } catch (const Error& e) {
-      throw Error(ErrorKind::device, std::string(failure.what()) +
-                                         "; restoring base_d failed too (" + e.what() +
-                                         "): the layer is unusable");
-    }
-  }
-
-  AppendArgs append_args(const RowsView& r) const {
-    AppendArgs a;
-    a.k = r.k;
-    a.v = r.v;
-    a.dtype = r.dtype;
-    a.n = r.n;
-    a.kv_dim_k = g.kv_dim_k();
-    a.kv_dim_v = g.kv_dim_v();
-    a.k_plane = k_plane.as<std::uint8_t>();
-    a.v_plane = v_plane.as<std::uint8_t>();
-    a.k_tok_bytes = g.k_tok_bytes();
-    a.v_tok_bytes = g.v_tok_bytes();
-    a.len_d = len_d();
-    a.base_d = base_d();
-    a.rows = rows;
-    a.max_ctx = g.max_ctx;
-    a.status = dstatus();
-    return a;
-  }
-
-  void decode(const float* q, float* out, std::optional<float> scale, bool device_counters,
-              bool with_base, int queries = 0) {
-    detail::DecodeArgs a;
-    a.queries = queries;
-    a.k_plane = k_plane.as<std::uint8_t>();
-    a.v_plane = v_plane.as<std::uint8_t>();
-    a.rows = rows;
-    a.max_ctx = g.max_ctx;
-    a.window = g.window.value_or(0);
-    if (device_counters) {
-      a.len_d = len_d();
-      a.base_d = with_base ? base_d() : nullptr;
-    } else {
-      a.host_len = len;
-      a.host_base = base;
-    }
-    a.q = q;
-    a.out = out;
-    a.scale = scale.value_or(detail::default_scale_mutant(1.0f / std::sqrt(float(g.head_dim_k))));
-    a.scratch = scratch.get();
-    a.status = dstatus();
-    KVLAYER_CUDA_TRY_NAMED(detail::launch_decode(a, decode_plan, stream), "launch_decode");
-  }
-
-  template <typename T>
-  void read(T* host, const void* device, std::size_t bytes) const {
-    KVLAYER_CUDA_TRY_NAMED(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream),
-                           "cudaMemcpyAsync (device to host)");
-    KVLAYER_CUDA_TRY_NAMED(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  }
-};
 
 KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, int max_verify,
                  const DecodeOptions& options)
@@ -333,6 +163,7 @@ void KvLayer::append(const RowsView& rows) {
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(a, AppendMode::host, s.stream), "launch_append");
   s.len += rows.n;
   s.after_rows_step = false;
+  s.fresh = false;
 }
 
 bool KvLayer::can_rewind_to(std::int64_t p) const {
@@ -347,6 +178,7 @@ void KvLayer::rewind(std::int64_t new_len) {
                       (s.after_rows_step && KVLAYER_HOST_MUTANT(accept_forgets_len_d));
   if (!forget) s.set_counters(new_len, -1);
   s.len = new_len;
+  s.fresh = false;
 }
 
 std::pair<std::int64_t, std::int64_t> KvLayer::physical_rows(std::int64_t start,
@@ -362,8 +194,8 @@ void KvLayer::reserve(std::int64_t k) {
   State& s = *s_;
   const DeviceGuard on(s.device);
   if (k < 0) refuse("reserve", "k ", k, " must not be negative");
-  if (k == 0) return;
-  s.apply(s.place(k, "reserve"));
+  if (k > 0) s.apply(s.place(k, "reserve"));
+  s.fresh = false;
 }
 
 std::pair<std::int64_t, std::int64_t> KvLayer::view() const {
@@ -380,6 +212,7 @@ void KvLayer::append_dc(const RowsView& one_row) {
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dc, s.stream),
                          "launch_append");
   s.after_rows_step = false;
+  s.fresh = false;
 }
 
 void KvLayer::append_dcw(const RowsView& one_row) {
@@ -389,6 +222,7 @@ void KvLayer::append_dcw(const RowsView& one_row) {
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(one_row), AppendMode::dcw, s.stream),
                          "launch_append");
   s.after_rows_step = false;
+  s.fresh = false;
 }
 
 void KvLayer::append_rows_dc(const RowsView& rows) {
@@ -400,6 +234,7 @@ void KvLayer::append_rows_dc(const RowsView& rows) {
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(rows), AppendMode::dc, s.stream),
                          "launch_append");
   s.after_rows_step = rows.n > 1;
+  s.fresh = false;
 }
 
 void KvLayer::append_rows_dcw(const RowsView& rows) {
@@ -410,6 +245,7 @@ void KvLayer::append_rows_dcw(const RowsView& rows) {
   KVLAYER_CUDA_TRY_NAMED(detail::launch_append(s.append_args(rows), AppendMode::dcw, s.stream),
                          "launch_append");
   s.after_rows_step = rows.n > 1;
+  s.fresh = false;
 }
 
 void KvLayer::inc_seqlen(int n) {
@@ -418,12 +254,14 @@ void KvLayer::inc_seqlen(int n) {
   const int by = n > 1 && KVLAYER_HOST_MUTANT(inc_seqlen_adds_one) ? 1 : n;  // (planted bug)
   KVLAYER_CUDA_TRY_NAMED(detail::launch_inc_seqlen(s_->len_d(), by, s_->stream),
                          "launch_inc_seqlen");
+  s_->fresh = false;
 }
 
 void KvLayer::account_steps(std::int64_t k) {
   State& s = *s_;
   detail::check_account_steps(s.g, s.len, s.base, k);
   s.len += k;
+  s.fresh = false;
 }
 
 void KvLayer::decode(const float* q, float* out, std::optional<float> scale) {

@@ -104,6 +104,7 @@ void KvLayer::append(const RowsView& rows) {
   write_rows(rows, plan.write_row, len_);
   len_ += rows.n;
   len_d_ = len_;
+  fresh_ = false;
 }
 
 bool KvLayer::can_rewind_to(std::int64_t p) const {
@@ -122,6 +123,7 @@ void KvLayer::rewind(std::int64_t new_len) {
            " (the ring already dropped it)");
   len_ = new_len;
   len_d_ = new_len;
+  fresh_ = false;
 }
 
 std::pair<std::int64_t, std::int64_t> KvLayer::physical_rows(std::int64_t start,
@@ -135,8 +137,8 @@ std::pair<std::int64_t, std::int64_t> KvLayer::physical_rows(std::int64_t start,
 
 void KvLayer::reserve(std::int64_t k) {
   if (k < 0) refuse("reserve", "k ", k, " must not be negative");
-  if (k == 0) return;
-  apply_rebase(plan_append(k, "reserve"));
+  if (k > 0) apply_rebase(plan_append(k, "reserve"));
+  fresh_ = false;
 }
 
 void KvLayer::record(const DeviceError& e) {
@@ -144,6 +146,7 @@ void KvLayer::record(const DeviceError& e) {
 }
 
 void KvLayer::append_device(const RowsView& rows, bool windowed) {
+  fresh_ = false;  // accepted, whether it writes or records a device error
   // Every row of the step is checked before any is written: a step that does not fit writes
   // none (SPEC §7, §11), and max_ctx is checked first.
   const std::int64_t base = windowed ? base_d_ : 0;
@@ -182,6 +185,7 @@ void KvLayer::append_rows_dcw(const RowsView& rows) {
 
 void KvLayer::inc_seqlen(int t) {
   check_verify_count(t, "inc_seqlen");
+  fresh_ = false;
   constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();  // int32 on the device
   if (len_d_ < kMax) len_d_ = std::min(len_d_ + t, kMax);
 }
@@ -194,6 +198,7 @@ void KvLayer::account_steps(std::int64_t k) {
     refuse("account_steps", "len ", len_, " + k ", k, " - base ", base_, " exceeds rows ",
            geometry_.rows(), " (more steps than reserve() made room for)");
   len_ += k;
+  fresh_ = false;
 }
 
 std::vector<float> KvLayer::dequantized_row(Plane plane, std::int64_t physical_row) const {

@@ -17,11 +17,14 @@
 #include <string>
 #include <vector>
 
+#include "kvlayer/crc32.hpp"
 #include "kvlayer/golden/golden.hpp"
 #include "kvlayer/golden/npy.hpp"
 #include "kvlayer/golden/sha256.hpp"
 #include "kvlayer/half.hpp"
+#include "kvlayer/reference/kv_layer.hpp"
 #include "kvlayer/reference/quantize.hpp"
+#include "kvlayer/snapshot_file.hpp"
 
 namespace {
 
@@ -160,16 +163,18 @@ TEST_F(Cli, UnknownCommand) {
   const Result r = run({"frobnicate"});
   EXPECT_EQ(r.status, 2);
 #ifdef KVLAYER_CLI_HAS_BENCH
-  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay, bench, soak, probe";
+  const std::string commands =
+      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, bench, soak, probe";
 #else
-  const std::string commands = "quantize, dequantize, selfcheck, fuzz, replay";
+  const std::string commands =
+      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo";
 #endif
   EXPECT_EQ(r.err, "kvlayer: unknown command 'frobnicate' (commands: " + commands +
                        "; see kvlayer --help)\n");
 }
 
 TEST_F(Cli, PerCommandHelp) {
-  for (const char* c : {"quantize", "dequantize", "selfcheck"}) {
+  for (const char* c : {"quantize", "dequantize", "selfcheck", "inspect", "snapshot-demo"}) {
     const Result r = run({c, "--help"});
     EXPECT_EQ(r.status, 0) << c;
     EXPECT_EQ(r.out.rfind(std::string("usage: kvlayer ") + c, 0), 0u) << r.out;
@@ -386,7 +391,8 @@ TEST_F(Cli, FuzzAnnouncesAPlantedMutantOnlyWhereOneIsBuiltIn) {
 }
 
 TEST_F(Cli, HelpTextsPrintPercentSignsOnce) {
-  std::vector<std::string> commands = {"quantize", "dequantize", "selfcheck", "fuzz", "replay"};
+  std::vector<std::string> commands = {"quantize", "dequantize", "selfcheck",    "fuzz",
+                                       "replay",   "inspect",    "snapshot-demo"};
 #ifdef KVLAYER_CLI_HAS_BENCH
   commands.insert(commands.end(), {"bench", "soak", "probe"});
 #endif
@@ -561,6 +567,141 @@ TEST_F(Cli, SelfcheckFailsOnAMismatchAndOnUnreadableData) {
   EXPECT_EQ(r.status, 1);
   EXPECT_EQ(r.err, "kvlayer selfcheck: " + (path("nowhere") / "manifest.json").string() +
                        ": cannot read (No such file or directory)\n");
+}
+
+// ---- inspect and snapshot-demo (SPEC §13) -------------------------------------------------------
+
+constexpr const char* kDemoUsage =
+    "(usage: kvlayer snapshot-demo --output FILE | --compare FILE [--storage flat|ring] [--len N] "
+    "[--seed S])";
+
+TEST_F(Cli, SnapshotDemoWritesAFileThatInspectDescribes) {
+  const std::string f = path("demo.gguf").string();
+  Result r = run({"snapshot-demo", "--output", f, "--len", "300"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, f + ": ring 2x64/64 max_ctx 4096 window 100 max_append 16 rewind_slack 8 rows "
+                       "155, len 300, rows [192, 300)\n");
+  const kvlayer::Snapshot s = kvlayer::load_snapshot(f);
+  r = run({"inspect", f});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.err, "");
+  char crc[128];
+  std::snprintf(crc, sizeof crc,
+                "crc32       kv.k 0x%08x, kv.v 0x%08x: match the stored kvlayer.k_crc32, "
+                "kvlayer.v_crc32\n",
+                kvlayer::crc32(s.k), kvlayer::crc32(s.v));
+  const std::string head =
+      "file        " + f + " (" + std::to_string(fs::file_size(f)) +
+      " bytes, GGUF v3, kvlayer format 1)\n"
+      "geometry    ring 2x64/64 max_ctx 4096 window 100 max_append 16 rewind_slack 8 rows 155\n"
+      "len         300\n"
+      "window      100\n"
+      "first row   192 (108 rows held, [192, 300); base " +
+      std::to_string(s.base) + " when saved)\n" + crc;
+  EXPECT_EQ(r.out.substr(0, head.size()), head);
+  EXPECT_NE(r.out.find("\nkv.k        q8_0, 108 rows x 128: 432 blocks, 0 bad; |value| max "),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\nkv.v        q5_1, 108 rows x 128: 432 blocks, 0 bad; |value| max "),
+            std::string::npos)
+      << r.out;
+
+  r = run({"snapshot-demo", "--compare", f, "--len", "300"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, f + ": identical to the demo snapshot (geometry, len 300, first 192, base " +
+                       std::to_string(s.base) + ", 14688 K and 10368 V bytes)\n");
+  r = run({"snapshot-demo", "--compare", f, "--len", "300", "--seed", "2"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err.rfind("kvlayer snapshot-demo: " + f +
+                            ": differs from the demo snapshot: kv.k byte 0 (row 192, byte 0 of "
+                            "the row): 0x",
+                        0),
+            0u)
+      << r.err;
+  r = run({"snapshot-demo", "--compare", f, "--storage", "flat", "--len", "300"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_EQ(r.err.rfind("kvlayer snapshot-demo: " + f +
+                            ": differs from the demo snapshot: geometry 'ring 2x64/64",
+                        0),
+            0u)
+      << r.err;
+}
+
+TEST_F(Cli, InspectCountsBadBlocksApart) {
+  kvlayer::Geometry g;
+  g.n_kv_heads = 1;
+  g.head_dim_k = g.head_dim_v = 64;
+  g.max_ctx = 8;
+  kvlayer::ref::KvLayer layer(g);
+  std::vector<float> k = values(3 * 64, 4), v = values(3 * 64, 5);
+  k[70] = NAN;  // row 1, block 0 of K
+  layer.append({k.data(), v.data(), 3, kvlayer::DType::f32});
+  kvlayer::save_snapshot(path("bad.gguf").string(), layer.snapshot());
+  const Result r = run({"inspect", path("bad.gguf").string()});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("\nkv.k        q8_0, 3 rows x 64: 6 blocks, 1 bad; "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\nkv.v        q5_1, 3 rows x 64: 6 blocks, 0 bad; "), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("\nwindow      none\n"), std::string::npos) << r.out;
+}
+
+TEST_F(Cli, InspectAndSnapshotDemoMistakesAndBadFiles) {
+  const std::string f = path("demo.gguf").string(), out = path("out.gguf").string();
+  ASSERT_EQ(run({"snapshot-demo", "--output", f, "--len", "40", "--storage", "flat"}).status, 0);
+  auto bytes = kvlayer::golden::read_file(f);
+  bytes[bytes.size() - 1] ^= 0x01;  // the last V byte (40 x 96 is a multiple of 32)
+  kvlayer::golden::write_file(path("corrupt.gguf"), bytes);
+  bytes.resize(100);
+  kvlayer::golden::write_file(path("short.gguf"), bytes);
+  const kvlayer::Snapshot s = kvlayer::load_snapshot(f);
+  auto v = s.v;
+  v.back() ^= 0x01;
+  char crc[160];
+  std::snprintf(crc, sizeof crc,
+                "kvlayer.v_crc32: 0x%08x, but tensor kv.v's bytes have CRC-32 0x%08x (corrupted)",
+                kvlayer::crc32(s.v), kvlayer::crc32(v));
+  const std::string missing = path("missing.gguf").string();
+  const std::vector<ErrorCase> cases = {
+      {{"inspect"}, 2, "kvlayer inspect: missing FILE (usage: kvlayer inspect FILE)\n"},
+      {{"inspect", f, f},
+       2,
+       "kvlayer inspect: unexpected argument '" + f + "' (usage: kvlayer inspect FILE)\n"},
+      {{"inspect", "--verbose", f},
+       2,
+       "kvlayer inspect: unknown option '--verbose' (usage: kvlayer inspect FILE)\n"},
+      {{"inspect", missing},
+       1,
+       "kvlayer inspect: " + missing + ": cannot open: No such file or directory\n"},
+      {{"inspect", path("corrupt.gguf").string()},
+       1,
+       "kvlayer inspect: " + path("corrupt.gguf").string() + ": " + crc + "\n"},
+      {{"inspect", path("short.gguf").string()},
+       1,
+       "kvlayer inspect: " + path("short.gguf").string() +
+           ": truncated: the value of general.alignment at byte 100 needs 4 bytes, the file has "
+           "100\n"},
+      {{"snapshot-demo"},
+       2,
+       std::string("kvlayer snapshot-demo: give one of --output FILE and --compare FILE ") +
+           kDemoUsage + "\n"},
+      {{"snapshot-demo", "--output", out, "--compare", f},
+       2,
+       std::string("kvlayer snapshot-demo: give one of --output FILE and --compare FILE ") +
+           kDemoUsage + "\n"},
+      {{"snapshot-demo", "--output", out, "--storage", "paged"},
+       2,
+       "kvlayer snapshot-demo: unknown --storage 'paged' (supported: flat, ring)\n"},
+      {{"snapshot-demo", "--output", out, "--len", "5000"},
+       2,
+       "kvlayer snapshot-demo: --len '5000' must be an integer in [0, 4096]\n"},
+      {{"snapshot-demo", "--output", path("no/dir/x.gguf").string()},
+       1,
+       "kvlayer snapshot-demo: save_snapshot: " + path("no/dir/x.gguf").string() +
+           ": cannot create a temporary file in " + path("no/dir").string() +
+           ": No such file or directory\n"},
+  };
+  expect_errors(cases, out);
 }
 
 }  // namespace

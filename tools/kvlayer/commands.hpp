@@ -64,6 +64,8 @@ const Command& dequantize_command();
 const Command& selfcheck_command();
 const Command& fuzz_command();
 const Command& replay_command();
+const Command& inspect_command();
+const Command& snapshot_demo_command();
 #ifdef KVLAYER_WITH_CUDA
 const Command& bench_command();
 const Command& soak_command();

@@ -21,6 +21,8 @@ constexpr CommandFactory kCommands[] = {
     &selfcheck_command,
     &fuzz_command,
     &replay_command,
+    &inspect_command,
+    &snapshot_demo_command,
 #ifdef KVLAYER_WITH_CUDA
     &bench_command,
     &soak_command,
@@ -41,7 +43,8 @@ void print_help(std::ostream& out) {
          "commands:\n";
   for (CommandFactory f : kCommands) {
     const Command& c = f();
-    out << "  " << c.name << std::string(std::max<std::size_t>(2, 13 - c.name.size()), ' ')
+    out << "  " << c.name
+        << std::string(std::max<std::size_t>(2, 16 - std::min<std::size_t>(16, c.name.size())), ' ')
         << c.summary << "\n";
   }
   out << "\nexit status: 0 success, 1 data/I-O error or failed check, 2 usage error\n";

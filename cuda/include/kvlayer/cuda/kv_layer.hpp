@@ -41,6 +41,7 @@
 #include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/dtype.hpp"
 #include "kvlayer/geometry.hpp"
+#include "kvlayer/snapshot.hpp"
 #include "kvlayer/status.hpp"
 
 namespace kvlayer {
@@ -218,6 +219,23 @@ class KvLayer {
   /// decode_view_too_long.
   void decode_rows_dcw(const float* q, float* out, int T,
                        std::optional<float> scale = std::nullopt);
+
+  // ---- Snapshot and restore (SPEC §13; synchronize the stream; never inside a capture) ----
+
+  /// The live state (ref::KvLayer::snapshot): geometry, len, base and the bytes of logical
+  /// rows [first, len), downloaded on the layer's stream. Refused as the reference refuses
+  /// (len_d != len, read back from the device; a lapped ring).
+  Snapshot snapshot() const;
+  /// Restores `s` into this fresh layer (ref::KvLayer::restore): uploads the rows on the
+  /// layer's stream to physical row logical − base (base = first on a ring, 0 on a flat
+  /// layer), then sets len = len_d = s.len and base = base_d = base, and waits for the stream.
+  /// Refused (layer unchanged) for another layout, a malformed snapshot or a layer that is not
+  /// fresh(). A failing CUDA call leaves the layer as it was (rows already uploaded are zeroed
+  /// again; should that fail too, the message says the layer is unusable).
+  void restore(const Snapshot& s);
+  /// Fresh, as ref::KvLayer::fresh() defines it (no state-changing call accepted since
+  /// construction). Host state only.
+  bool fresh() const;
 
   // ---- Status and read-back (synchronize the stream; never inside a capture) --------------
 

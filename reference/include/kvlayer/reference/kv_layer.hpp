@@ -1,4 +1,5 @@
-// The reference KvLayer: the executable specification of every layer behaviour (SPEC §5–9, §11).
+// The reference KvLayer: the executable specification of every layer behaviour (SPEC §5–9, §11,
+// §13).
 // It keeps the whole K and V planes as bytes, the host counters (len, base) and a model of the
 // device counters (len_d, base_d), so that a GPU layer can be compared with it byte for byte.
 #pragma once
@@ -11,6 +12,7 @@
 
 #include "kvlayer/dtype.hpp"
 #include "kvlayer/geometry.hpp"
+#include "kvlayer/snapshot.hpp"
 #include "kvlayer/status.hpp"
 
 namespace kvlayer::ref {
@@ -161,6 +163,26 @@ class KvLayer {
   /// The T views decode_rows() attends at the host len and base (verify_views()).
   std::vector<DecodeView> verify_views(int t) const;
 
+  // ---- Snapshot and restore (SPEC §13) ----------------------------------------------------
+
+  /// The live state: geometry, len, base, and the bytes of logical rows [first, len) with
+  /// first = snapshot_first(geometry, len). Refused when len_d != len (device-counter steps
+  /// not yet accounted for: the host's len does not say which rows are live) or, on a ring,
+  /// when first < base (lapped; SPEC §6's rebase and rewind rules keep first ≥ base, so this
+  /// only guards that invariant). The sticky status is not part of a snapshot.
+  Snapshot snapshot() const;
+  /// Restores `s` into this fresh layer: the rows at physical row logical − base, with
+  /// base = first on a ring and 0 on a flat layer; len = len_d = s.len, base_d = base; every
+  /// other plane byte stays zero, the status clear. Refused (layer unchanged) for another
+  /// layout, a malformed snapshot (check_restore) or a layer that is not fresh().
+  void restore(const Snapshot& s);
+  /// Fresh: no call among append, append_dc, append_dcw, append_rows_dc, append_rows_dcw,
+  /// inc_seqlen, reserve, rewind, account_steps and restore has been accepted since
+  /// construction (even one that changed nothing, like rewind(0)); refused calls, decodes and
+  /// status calls do not count. A fresh layer has all-zero planes, len = len_d = base = base_d = 0
+  /// and a clear status.
+  bool fresh() const { return fresh_; }
+
   // ---- State ------------------------------------------------------------------------------
 
   std::int64_t len() const { return len_; }
@@ -200,6 +222,7 @@ class KvLayer {
   std::int64_t len_ = 0, base_ = 0;
   std::int64_t len_d_ = 0, base_d_ = 0;
   LayerStatus status_;
+  bool fresh_ = true;  ///< see fresh()
 };
 
 /// Converts element i of a row buffer of type t to f32 (exact).
