@@ -304,7 +304,15 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
       {{"fuzz", "--bogus"},
        2,
        "kvlayer fuzz: unknown option '--bogus' (options: --cases, --minutes, --seed, --max-size, "
-       "--replay-dir, --reference-only, --help)\n"},
+       "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --reference-only, "
+       "--require-coverage, --help)\n"},
+      {{"fuzz", "--head-dim", "96"}, 2, "kvlayer fuzz: --head-dim '96' must be 64, 128 or 256\n"},
+      {{"fuzz", "--rows", "halves"},
+       2,
+       "kvlayer fuzz: --rows 'halves' must be auto, split or whole\n"},
+      {{"fuzz", "--min-gqa", "9", "--max-gqa", "4"},
+       2,
+       "kvlayer fuzz: --max-gqa '4' must be an integer in [9, 16]\n"},
       {{"replay"},
        2,
        "kvlayer replay: missing FILE (usage: kvlayer replay FILE [--reference-only])\n"},
