@@ -238,11 +238,7 @@ Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::v
     const Stopwatch w(stats_.seconds_in_bounds);
     const auto bounds = ref::decode_rows_bound(model_, q, n_q_heads_, scale, views,
                                                system_->verify_accumulation_shape(int(t)));
-    for (const ref::DecodeBound& b : bounds) {
-      x.bound.bound.insert(x.bound.bound.end(), b.bound.begin(), b.bound.end());
-      x.bound.exact_q.insert(x.bound.exact_q.end(), b.exact_q.begin(), b.exact_q.end());
-      x.bound.max_abs_v.insert(x.bound.max_abs_v.end(), b.max_abs_v.begin(), b.max_abs_v.end());
-    }
+    for (const ref::DecodeBound& b : bounds) x.bound.append(b);
     return x;
   }
   // Reference only: a few elements of every row recomputed by the naive loop over the row's view.

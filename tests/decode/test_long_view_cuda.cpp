@@ -125,6 +125,7 @@ void run_long(const Geometry& g, int gqa, Rng& rng) {
           "p99 %.3g\n",
           what.c_str(), launch.kernel, launch.active_splits, (long long)launch.keys_per_split,
           (long long)r.elements, r.worst, r.p99);
+      std::fflush(stdout);  // progress shows even when a time limit stops the run
       EXPECT_GT(r.elements, 0) << what;
     }
   }

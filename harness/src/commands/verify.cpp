@@ -18,7 +18,9 @@ Verify Verify::gen(const GenView& v, Draw& d) {
   std::int64_t t = d.in_range64(1, std::max<std::int64_t>(2, std::min(top, len) + 1));
   if (how == 0) t = 0;
   if (how == 1) t = top + 1;
-  if (how == 2) t = len + 1;
+  // len + 1 tests the "len < T" refusal where that is not also "T > max_verify" (a long view's
+  // len + 1 would only repeat top + 1, and exceed what a replay file holds).
+  if (how == 2) t = len < top ? len + 1 : top + 1;
   return Verify{t, d.seed(), draw_scale(v, d)};
 }
 

@@ -50,6 +50,13 @@ struct DecodeBound {
   /// The distance from õ to the farthest value a convex combination of the view's V could take
   /// at the element (max(õ − min V, max V − õ)): a bound this large admits any wrong weights.
   std::vector<double> convex_reach;
+
+  /// Appends another output's elements (the rows of a verify, one after another).
+  void append(const DecodeBound& o) {
+    for (auto field : {&DecodeBound::bound, &DecodeBound::exact_q, &DecodeBound::max_abs_v,
+                       &DecodeBound::rounded, &DecodeBound::convex_reach})
+      (this->*field).insert((this->*field).end(), (o.*field).begin(), (o.*field).end());
+  }
 };
 
 /// Per-element bound on |GPU − reference| for decoding q over `view` of `layer`, for a GPU with
