@@ -10,6 +10,7 @@
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
 #include "layer_state.hpp"
+#include "mutants.hpp"
 
 namespace kvlayer::cuda {
 
@@ -52,7 +53,11 @@ void KvLayer::restore(const Snapshot& snap) {
            "account_steps or restore was accepted since its construction); restore "
            "into a newly constructed layer");
   const std::int64_t base = g.is_ring() ? snap.first : 0;
-  const std::int64_t physical = snap.first - base;
+  // (planted bug: the rows copied to where the source ring held them, first − its base, as if
+  // they began at base; inside the plane, as they were there)
+  const bool from_base = snap.first > snap.base && snap.len - snap.base <= g.rows() &&
+                         KVLAYER_HOST_MUTANT(restore_copies_from_base);
+  const std::int64_t physical = snap.first - (from_base ? snap.base : base);
   std::uint8_t* const k_dst = s.k_plane.as<std::uint8_t>() + physical * g.k_tok_bytes();
   std::uint8_t* const v_dst = s.v_plane.as<std::uint8_t>() + physical * g.v_tok_bytes();
   try {
@@ -67,7 +72,10 @@ void KvLayer::restore(const Snapshot& snap) {
           cudaMemcpyAsync(v_dst, snap.v.data(), snap.v.size(), cudaMemcpyHostToDevice, s.stream),
           "cudaMemcpyAsync (host to device)");
     }
-    s.set_counters(snap.len, base);
+    // (planted bugs: len_d left at 0, base_d not restored; -1 leaves a counter as it is)
+    const bool leave_len_d = snap.len > 0 && KVLAYER_HOST_MUTANT(restore_leaves_len_d_zero);
+    const bool leave_base_d = base > 0 && KVLAYER_HOST_MUTANT(restore_leaves_base_d);
+    s.set_counters(leave_len_d ? -1 : snap.len, leave_base_d ? -1 : base);
     KVLAYER_CUDA_TRY_NAMED(cudaStreamSynchronize(s.stream), "cudaStreamSynchronize");
   } catch (const Error& failure) {
     // A fresh layer's planes and counters were all zero: writing zeros undoes any copy that ran.

@@ -56,8 +56,10 @@ void upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) 
 class CudaSystem final : public System {
  public:
   explicit CudaSystem(const Case& c)
-      : layer_(c.geometry, c.n_q_heads, shared().stream.get(), c.max_verify,
-               decode_options(c.decode)),
+      : n_q_heads_(c.n_q_heads),
+        max_verify_(c.max_verify),
+        options_(decode_options(c.decode)),
+        layer_(c.geometry, c.n_q_heads, shared().stream.get(), c.max_verify, options_),
         out_values_(std::size_t(c.n_q_heads) * std::size_t(c.geometry.head_dim_v)),
         poison_(out_values_.size(), std::bit_cast<float>(kPoisonBits)) {}
 
@@ -178,6 +180,18 @@ class CudaSystem final : public System {
 
   Snapshot snapshot() override { return testing::snapshot(layer_, testing::Tails::read); }
 
+  kvlayer::Snapshot take_snapshot() override { return layer_.snapshot(); }
+  void restore(const kvlayer::Snapshot& s) override { layer_.restore(s); }
+  void restore_into_fresh(const kvlayer::Snapshot& s) override {
+    // Constructed as the first layer was; the current one stays until the restore succeeded.
+    cuda::KvLayer fresh(layer_.geometry(), n_q_heads_, stream(), max_verify_, options_);
+    fresh.restore(s);
+    // The captured chain's graph points at the old layer's planes and counters: never replay it.
+    captured_ = false;
+    graph_ = cuda::Graph();
+    layer_ = std::move(fresh);
+  }
+
   kvlayer::AccumulationShape accumulation_shape(DecodeVariant) override {
     return layer_.accumulation_shape();
   }
@@ -287,6 +301,9 @@ class CudaSystem final : public System {
     captured_ = true;
   }
 
+  int n_q_heads_;
+  int max_verify_;
+  cuda::DecodeOptions options_;  ///< the case's plan: a layer restored into is built with it
   cuda::KvLayer layer_;
   std::vector<float> out_values_;
   std::vector<float> poison_;       ///< one decode's output of kPoisonBits

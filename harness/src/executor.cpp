@@ -19,6 +19,8 @@ void Stats::add(const Stats& o) {
   rebases += o.rebases;
   rewinds += o.rewinds;
   graph_replays += o.graph_replays;
+  restores += o.restores;
+  restores_past_base += o.restores_past_base;
   bytes_compared += o.bytes_compared;
   decodes_compared += o.decodes_compared;
   seconds_in_commands += o.seconds_in_commands;
@@ -115,6 +117,16 @@ class TimedSystem final : public System {
   Snapshot snapshot() override {
     const Stopwatch w(stats_.seconds_in_snapshots);
     return inner_.snapshot();
+  }
+  // The layer's own snapshot and restores are calls under test, not state read-backs.
+  kvlayer::Snapshot take_snapshot() override {
+    return timed([&] { return inner_.take_snapshot(); });
+  }
+  void restore(const kvlayer::Snapshot& s) override {
+    timed([&] { inner_.restore(s); });
+  }
+  void restore_into_fresh(const kvlayer::Snapshot& s) override {
+    timed([&] { inner_.restore_into_fresh(s); });
   }
   kvlayer::AccumulationShape accumulation_shape(DecodeVariant variant) override {
     return timed([&] { return inner_.accumulation_shape(variant); });
@@ -409,6 +421,110 @@ std::optional<std::string> Sides::compare_state() {
     return "status differs:\n  model:  " + model_.status().message() + "\n  system: " +
            s.status.message();
   return std::nullopt;
+}
+
+namespace {
+
+bool same_geometry(const Geometry& a, const Geometry& b) {
+  return a.n_kv_heads == b.n_kv_heads && a.head_dim_k == b.head_dim_k &&
+         a.head_dim_v == b.head_dim_v && a.max_ctx == b.max_ctx && a.window == b.window &&
+         a.storage == b.storage && a.max_append == b.max_append && a.rewind_slack == b.rewind_slack;
+}
+
+/// The first byte where two snapshots' K (or V) bytes differ, named by logical row; empty when
+/// equal.
+std::string snapshot_byte_difference(const std::vector<std::uint8_t>& model,
+                                     const std::vector<std::uint8_t>& system, std::int64_t first,
+                                     std::int64_t tok_bytes, const char* plane) {
+  if (model.size() != system.size())
+    return std::string("snapshot ") + plane + " sizes differ: model " +
+           std::to_string(model.size()) + " bytes, system " + std::to_string(system.size());
+  const auto it = std::mismatch(model.begin(), model.end(), system.begin());
+  if (it.first == model.end()) return {};
+  const auto at = std::int64_t(it.first - model.begin());
+  std::ostringstream s;
+  s << "snapshot " << plane << " bytes differ at byte " << at << " (logical row "
+    << first + at / tok_bytes << ", byte " << at % tok_bytes << " of the row): model 0x" << std::hex
+    << int(*it.first) << ", system 0x" << int(*it.second);
+  return s.str();
+}
+
+}  // namespace
+
+Sides::Snapshots Sides::take_snapshots() {
+  Snapshots r;
+  r.diff =
+      both([&] { r.model = model_.snapshot(); }, [&] { r.system = system_->take_snapshot(); }).diff;
+  if (r.diff || !r.model) return r;
+  const kvlayer::Snapshot& m = *r.model;
+  const Geometry& g = geometry_;
+  // The model's snapshot: the restore plan's rows, as they were written.
+  std::ostringstream c;
+  if (!same_geometry(m.geometry, g)) c << " geometry '" << m.geometry.describe() << "'";
+  if (m.len != model_.len()) c << " len " << m.len << " (layer " << model_.len() << ")";
+  if (m.first != snapshot_first(g, model_.len()))
+    c << " first " << m.first << " (the plan's " << snapshot_first(g, model_.len()) << ")";
+  if (m.base != model_.base()) c << " base " << m.base << " (layer " << model_.base() << ")";
+  if (std::int64_t(m.k.size()) != m.rows() * g.k_tok_bytes() ||
+      std::int64_t(m.v.size()) != m.rows() * g.v_tok_bytes())
+    c << " " << m.k.size() << " K and " << m.v.size() << " V bytes for " << m.rows() << " rows";
+  if (!c.str().empty()) {
+    r.diff = "model snapshot:" + c.str();
+    return r;
+  }
+  for (auto it = shadow_.lower_bound(m.first); it != shadow_.end() && it->first < m.len; ++it) {
+    const std::size_t i = std::size_t(it->first - m.first);
+    if (!std::equal(it->second.first.begin(), it->second.first.end(),
+                    m.k.begin() + std::ptrdiff_t(i * std::size_t(g.k_tok_bytes()))) ||
+        !std::equal(it->second.second.begin(), it->second.second.end(),
+                    m.v.begin() + std::ptrdiff_t(i * std::size_t(g.v_tok_bytes())))) {
+      r.diff = "model snapshot: logical row " + std::to_string(it->first) +
+               " does not hold the bytes it was written with";
+      return r;
+    }
+  }
+  if (!r.system) return r;
+  const kvlayer::Snapshot& s = *r.system;
+  std::ostringstream d;
+  if (!same_geometry(s.geometry, m.geometry))
+    d << " geometry '" << s.geometry.describe() << "' (model '" << m.geometry.describe() << "')";
+  if (s.len != m.len) d << " len " << s.len << " (model " << m.len << ")";
+  if (s.first != m.first) d << " first " << s.first << " (model " << m.first << ")";
+  if (s.base != m.base) d << " base " << s.base << " (model " << m.base << ")";
+  if (!d.str().empty()) {
+    r.diff = "snapshots differ:" + d.str();
+    return r;
+  }
+  std::string b = snapshot_byte_difference(m.k, s.k, m.first, g.k_tok_bytes(), "K");
+  if (b.empty()) b = snapshot_byte_difference(m.v, s.v, m.first, g.v_tok_bytes(), "V");
+  if (!b.empty()) r.diff = b;
+  return r;
+}
+
+Sides::Outcome Sides::restore(const Snapshots& s, bool into_current) {
+  const kvlayer::Snapshot& m = s.model.value();
+  const auto o = both(
+      [&] {
+        if (into_current) return model_.restore(m);
+        ref::KvLayer fresh(geometry_, model_.max_verify());
+        fresh.restore(m);
+        model_ = std::move(fresh);
+      },
+      [&] {
+        into_current ? system_->restore(s.system.value())
+                     : system_->restore_into_fresh(s.system.value());
+      });
+  if (!o.accepted) return o;
+  if (!into_current) {
+    ++stats_.restores;
+    if (m.first > m.base) ++stats_.restores_past_base;
+  }
+  // The restored layer holds the snapshot's rows [first, len) and zeros elsewhere. Its base
+  // (first on a ring) is no rebase: the invariants go on from it.
+  shadow_.erase(shadow_.begin(), shadow_.lower_bound(m.first));
+  forget_rows_from(m.len);
+  last_base_ = model_.base();
+  return o;
 }
 
 Sides::Expectation Sides::expect_decode(DecodeVariant variant, const std::vector<float>& q,

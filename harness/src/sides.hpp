@@ -20,6 +20,7 @@
 #include "kvlayer/harness/system.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
+#include "kvlayer/snapshot.hpp"
 
 namespace kvlayer::harness {
 
@@ -165,6 +166,23 @@ class Sides {
                                            const std::vector<Expectation>& expected,
                                            const std::vector<std::vector<float>>& outputs,
                                            const std::vector<std::vector<float>>& eager);
+
+  /// What take_snapshots() found: each side's kvlayer::Snapshot when it took one (the system's
+  /// only with a system), and the difference, if any.
+  struct Snapshots {
+    std::optional<kvlayer::Snapshot> model, system;
+    std::optional<std::string> diff;
+  };
+  /// A snapshot (SPEC §13) on both sides: both refuse alike, or both accept with snapshots of
+  /// the same geometry, len, first, base and bytes; the model's must hold the restore plan's
+  /// rows [first, len) with the bytes they were written with (the shadow).
+  Snapshots take_snapshots();
+  /// Restores each side's snapshot (taken by take_snapshots, which found no difference) into
+  /// its current layer (`into_current`: refused alike unless the layer is fresh), or into a new,
+  /// fresh layer that replaces the current one (the model's a new ref::KvLayer of the case's
+  /// geometry and max_verify, the system's through restore_into_fresh). Accepted, the rows
+  /// expected afterwards are the snapshot's: a restored ring holds none below `first`.
+  Outcome restore(const Snapshots& s, bool into_current);
 
   /// After every command: the model's invariants, then planes, counters and status of both.
   std::optional<std::string> compare_state();

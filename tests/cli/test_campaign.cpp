@@ -59,6 +59,9 @@ class ForgetfulSystem : public System {
   }
   void clear_status() override {}
   Snapshot snapshot() override { return {}; }
+  kvlayer::Snapshot take_snapshot() override { return {}; }
+  void restore(const kvlayer::Snapshot&) override {}
+  void restore_into_fresh(const kvlayer::Snapshot&) override {}
   kvlayer::AccumulationShape accumulation_shape(DecodeVariant) override { return {}; }
 
  private:

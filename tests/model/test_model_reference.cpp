@@ -100,6 +100,7 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
                 PhysicalRows{1, 3}, CanRewindTo{0}, GraphChain{4, 11, true}, StatusQuery{},
                 DraftStep{3, 21, DataKind::integers, true}, Verify{2, 8},
                 VerifyChain{5, 4, 13, true}};
+  c.commands.insert(c.commands.end(), {TakeSnapshot{}, Restore{false}, Restore{true}});
   std::set<std::size_t> kinds;
   for (const Command& command : c.commands) kinds.insert(command.index());
   EXPECT_EQ(kinds.size(), std::variant_size_v<Command>) << "a command kind is missing here";
@@ -114,8 +115,12 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
       "graph_chain steps=4 dcw seed=11", "status",
       "draft_step t=3 data=integers dcw seed=21", "decode_rows t=2 seed=8",
       "verify_chain rounds=5 t=4 dcw seed=13"};
-  ASSERT_EQ(back.commands.size(), lines.size());
+  const std::vector<std::string> snapshot_lines = {"snapshot", "restore into_fresh",
+                                                   "restore into_current"};
+  ASSERT_EQ(back.commands.size(), lines.size() + snapshot_lines.size());
   for (std::size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(describe(back.commands[i]), lines[i]);
+  for (std::size_t i = 0; i < snapshot_lines.size(); ++i)
+    EXPECT_EQ(describe(back.commands[lines.size() + i]), snapshot_lines[i]);
   EXPECT_EQ(describe(AppendDc{1, DataKind::wide, false}), "append_dc data=wide seed=1");
   EXPECT_EQ(describe(Decode{DecodeVariant::host, 2}), "decode seed=2");
   EXPECT_EQ(describe(GraphChain{2, 3, false}), "graph_chain steps=2 dc seed=3");
@@ -133,6 +138,12 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
                            R"({"op":"graph_chain","seed":3,"steps":2,"windowed":false})",
                            R"({"end":4,"op":"physical_rows","start":-1})"})
     EXPECT_NE(text.find(line), std::string::npos) << line << " not in\n" << text;
+  Case snapshots = c;
+  snapshots.commands = {TakeSnapshot{}, Restore{true}};
+  const std::string snapshots_text = to_json(snapshots);
+  for (const char* line : {R"({"op":"snapshot"})", R"({"into_current":true,"op":"restore"})"})
+    EXPECT_NE(snapshots_text.find(line), std::string::npos) << line << " not in\n"
+                                                            << snapshots_text;
 }
 
 /// A decode command's scale survives its replay file bit for bit and shows in its line; one
@@ -248,15 +259,23 @@ TEST(ReplayFile, MalformedFilesNameTheFieldAndTheProblem) {
             ok_rest),
        "replay file: geometry.storage: expected \"flat\" or \"ring\", got 'circle'"},
   };
-  for (const auto& [text, message] : cases) {
-    try {
-      from_json(text);
-      ADD_FAILURE() << "accepted: " << text;
-    } catch (const Error& e) {
-      EXPECT_EQ(e.kind(), ErrorKind::io);
-      EXPECT_EQ(std::string(e.what()).substr(0, message.size()), message) << text;
+  // The snapshot commands' flag (SPEC §13).
+  const std::string restores = R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": )";
+  const std::vector<std::pair<std::string, std::string>> snapshot_cases = {
+      {file(geometry, restores + R"([{"op": "snapshot"}, {"op": "restore"}])"),
+       "replay file: commands[1]: missing field 'into_current'"},
+      {file(geometry, restores + R"([{"op": "restore", "into_current": 1}])"),
+       "replay file: commands[0].into_current: expected true or false"}};
+  for (const auto* list : {&cases, &snapshot_cases})
+    for (const auto& [text, message] : *list) {
+      try {
+        from_json(text);
+        ADD_FAILURE() << "accepted: " << text;
+      } catch (const Error& e) {
+        EXPECT_EQ(e.kind(), ErrorKind::io);
+        EXPECT_EQ(std::string(e.what()).substr(0, message.size()), message) << text;
+      }
     }
-  }
   try {
     read_replay_file("/nonexistent/replay.json");
     ADD_FAILURE() << "read a file that does not exist";

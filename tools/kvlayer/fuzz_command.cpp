@@ -119,6 +119,9 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
   line("rebases", std::to_string(r.stats.rebases));
   line("rewinds", std::to_string(r.stats.rewinds));
   line("graph replays", std::to_string(r.stats.graph_replays));
+  line("restores", std::to_string(r.stats.restores) + " (" +
+                       std::to_string(r.stats.restores_past_base) +
+                       " of a ring snapshot starting above its base)");
   line("bytes compared", std::to_string(r.stats.bytes_compared));
   line("decodes compared", std::to_string(r.stats.decodes_compared));
   char worst[160];

@@ -65,9 +65,11 @@ struct StatusQuery;
 struct DraftStep;
 struct Verify;
 struct VerifyChain;
+struct TakeSnapshot;
+struct Restore;
 using Command = std::variant<Append, AppendDc, IncSeqlen, AccountSteps, Reserve, Rewind, Decode,
                              PhysicalRows, CanRewindTo, GraphChain, StatusQuery, DraftStep, Verify,
-                             VerifyChain>;
+                             VerifyChain, TakeSnapshot, Restore>;
 
 struct GenView;  ///< what a generator sees (harness/src/draw.hpp)
 class Draw;      ///< the random choices a generator makes (harness/src/draw.hpp)
@@ -259,6 +261,28 @@ struct VerifyChain {
     f.scale(c.scale);
   }
   KVLAYER_HARNESS_COMMAND(VerifyChain);
+};
+
+/// A kvlayer::Snapshot (SPEC §13) taken on both sides and compared: geometry, len, first, base
+/// and every byte (refused alike while device-counter steps are not accounted for). Changes
+/// nothing.
+struct TakeSnapshot {
+  static constexpr std::string_view name = "snapshot";
+  static void fields(auto&, auto&) {}
+  KVLAYER_HARNESS_COMMAND(TakeSnapshot);
+};
+
+/// A snapshot of the current state on both sides (compared as TakeSnapshot does), restored into
+/// a new, fresh layer of the case's geometry on each side, which then replaces the old one: the
+/// rest of the case runs on the restored layers. With `into_current`, restored into the current
+/// layer instead, which both sides refuse alike unless it is still fresh (SPEC §13).
+struct Restore {
+  bool into_current = false;
+  static constexpr std::string_view name = "restore";
+  static void fields(auto& c, auto& f) {
+    f.flag("into_current", c.into_current, "into_current", "into_fresh");
+  }
+  KVLAYER_HARNESS_COMMAND(Restore);
 };
 
 #undef KVLAYER_HARNESS_COMMAND

@@ -25,6 +25,9 @@ struct Stats {
   std::int64_t rebases = 0;
   std::int64_t rewinds = 0;
   std::int64_t graph_replays = 0;
+  /// Restores into a fresh layer accepted, and those of a ring whose snapshot starts above the
+  /// source's base (restored to physical row 0: a copy placed as in the source shows).
+  std::int64_t restores = 0, restores_past_base = 0;
   std::int64_t bytes_compared = 0;
   std::int64_t decodes_compared = 0;
   double worst_error_ratio = 0;  ///< largest |system − reference| / bound over all elements

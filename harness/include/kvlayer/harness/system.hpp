@@ -12,6 +12,7 @@
 #include "kvlayer/harness/coverage.hpp"
 #include "kvlayer/harness/row_data.hpp"
 #include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/snapshot.hpp"
 #include "kvlayer/status.hpp"
 #include "kvlayer/testing/snapshot.hpp"
 
@@ -71,6 +72,15 @@ class System {
   virtual void clear_status() = 0;
   /// Synchronizes and reads back the whole state.
   virtual Snapshot snapshot() = 0;
+  // SPEC §13. NOTE: kvlayer::Snapshot (the layer's live rows), not the read-back above.
+  /// The layer's own snapshot() (refused as the reference refuses it).
+  virtual kvlayer::Snapshot take_snapshot() = 0;
+  /// restore(s) into the current layer (refused unless it is fresh).
+  virtual void restore(const kvlayer::Snapshot& s) = 0;
+  /// Constructs a new layer as the case's (geometry, n_q_heads, max_verify, decode plan),
+  /// restores s into it and replaces the current layer with it: every later call runs on the
+  /// restored layer. Refused or failing, the current layer stays, unchanged.
+  virtual void restore_into_fresh(const kvlayer::Snapshot& s) = 0;
   /// The decode launch shape that enters the accuracy bound.
   virtual kvlayer::AccumulationShape accumulation_shape(DecodeVariant variant) = 0;
   /// The launch shape of a verify decode of t queries (every row's bound).
