@@ -267,6 +267,18 @@ inline std::string refusal_of(const std::function<void()>& f) {
   return {};
 }
 
+/// The message of the kvlayer::Error (device) that f throws, or "" if it throws none. Any other
+/// exception or error kind fails the test.
+inline std::string device_error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::device) << e.what();
+    return e.what();
+  }
+  return {};
+}
+
 // ---- geometries -------------------------------------------------------------------------------
 
 /// geometry.hpp's geometries with head_dim_k = head_dim_v = hd.

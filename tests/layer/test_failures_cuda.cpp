@@ -44,17 +44,6 @@ std::string message_for(const std::string& call, cudaError_t e) {
   return call + ": " + cudaGetErrorString(e);
 }
 
-/// The message of the kvlayer::Error (device) that f throws, or "" if it throws none.
-std::string device_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::device) << e.what();
-    return e.what();
-  }
-  return {};
-}
-
 ::testing::AssertionResult tails_zero(const cuda::KvLayer& l) {
   const auto zero = [](const std::vector<std::uint8_t>& t) {
     return t.size() == cuda::kPlaneTailBytes &&

@@ -27,16 +27,6 @@ constexpr const char* kDownload = "cudaMemcpyAsync (device to host)";
 constexpr const char* kSync = "cudaStreamSynchronize";
 constexpr const char* kCounters = "launch_set_counters";
 
-std::string device_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.kind(), ErrorKind::device) << e.what();
-    return e.what();
-  }
-  return {};
-}
-
 cudaError_t error_for(const std::string& call) {
   return call.rfind("launch_", 0) == 0 ? cudaErrorLaunchOutOfResources : cudaErrorInvalidValue;
 }
