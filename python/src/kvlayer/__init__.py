@@ -14,6 +14,8 @@ kvlayer.Error (kind "unavailable") saying why (cuda_unavailable_reason()).
 """
 
 from ._errors import Error
+
+Error.__module__ = "kvlayer"  # tracebacks name it kvlayer.Error, as it is imported
 from . import _kvlayer
 from ._kvlayer import (
     AccumulationShape,
