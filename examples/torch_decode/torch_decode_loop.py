@@ -122,7 +122,7 @@ def main():
             bound = kref.decode_rows_bound(ref, hq, layer.verify_accumulation_shape(hq.shape[0]))
             want = ref.decode_rows(hq)
         err = np.abs(got.cpu().double().numpy() - want)
-        used = float((err / bound.bound).max())
+        used = float((err / np.maximum(bound.bound, 1e-300)).max())  # the share of it used
         if not (err <= bound.bound).all():
             failures.append(f"{what}: outside the bound ({used:.3g} of it)")
         return used
