@@ -498,6 +498,7 @@ TEST(CurrentDevice, SetStreamMovesEveryLaterCallToTheNewStream) {
   // len_d where it was.
   DeviceBuffer k_in(std::size_t(x.g().kv_dim_k()) * 4), v_in(std::size_t(x.g().kv_dim_v()) * 4);
   DeviceFloats q(std::size_t(x.nq) * 64), out(std::size_t(x.nq) * 64);
+  q.upload(std::vector<float>(q.count, 0.5f));  // defined input (compute-sanitizer initcheck)
   const HostRows row = make_rows(x.g(), 1, DType::f32, Fill::random, rng);
   KVLAYER_CUDA_TRY(
       cudaMemcpy(k_in.get(), row.k_bytes.data(), row.k_bytes.size(), cudaMemcpyHostToDevice));
