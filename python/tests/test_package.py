@@ -52,3 +52,33 @@ def test_geometry_is_plain_data_validated_by_the_library():
     with pytest.raises(kvlayer.Error) as info:
         g.validate()
     assert str(info.value).startswith("geometry: max_ctx 0")
+
+
+def test_the_gpu_layers_own_refusals_that_need_no_gpu():
+    """The checks kvlayer.KvLayer makes before the library sees a pointer, device or stream."""
+    import numpy as np
+
+    from kvlayer import _gpu
+
+    from conftest import refusal
+
+    assert refusal(_gpu._buffer, "append", "k", np.zeros((2, 64), np.float32), 0) == (
+        "append: k is a ndarray, not a CUDA tensor (a torch.Tensor on the layer's device, or an "
+        "object with __cuda_array_interface__)")
+
+    class Strided:  # a CUDA array interface of a transposed view
+        __cuda_array_interface__ = {"data": (0, False), "shape": (4, 8), "typestr": "<f4",
+                                    "strides": (4, 16), "version": 3}
+
+    assert refusal(_gpu._buffer, "decode", "q", Strided(), 0) == \
+        "decode: q is not contiguous (strides (4, 16))"
+    assert refusal(_gpu._device_index, "gpu:0") == \
+        "kvlayer.KvLayer: device 'gpu:0' is not 'cuda' or 'cuda:N'"
+    assert refusal(_gpu._stream_value, "default") == (
+        "kvlayer.KvLayer: stream 'default' is not an int handle, a torch.cuda.Stream or a CuPy "
+        "stream")
+
+    class TorchStreamLike:
+        cuda_stream = 1234
+
+    assert _gpu._stream_value(TorchStreamLike()) == 1234
