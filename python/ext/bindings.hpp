@@ -34,7 +34,8 @@ using HostFloats = nb::ndarray<const float, nb::c_contig, nb::device::cpu>;
 
 /// A NumPy array that owns `values` (moved to the heap, freed with the array).
 template <typename T>
-nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values, std::initializer_list<std::size_t> shape) {
+nb::ndarray<nb::numpy, T> to_numpy(std::vector<T>&& values,
+                                   std::initializer_list<std::size_t> shape) {
   auto* heap = new std::vector<T>(std::move(values));
   nb::capsule owner(heap, [](void* p) noexcept { delete static_cast<std::vector<T>*>(p); });
   return nb::ndarray<nb::numpy, T>(heap->data(), shape, owner);

@@ -20,7 +20,9 @@
 namespace kvlayer::python {
 namespace {
 
-std::string storage_name(Storage s) { return s == Storage::ring ? "ring" : "flat"; }
+std::string storage_name(Storage s) {
+  return s == Storage::ring ? "ring" : "flat";
+}
 
 Storage storage_of(const std::string& name) {
   if (name == "flat") return Storage::flat;
@@ -30,9 +32,12 @@ Storage storage_of(const std::string& name) {
 
 const char* device_error_kind_name(DeviceErrorKind k) {
   switch (k) {
-    case DeviceErrorKind::append_outside_rows: return "append_outside_rows";
-    case DeviceErrorKind::append_past_max_ctx: return "append_past_max_ctx";
-    case DeviceErrorKind::decode_view_too_long: return "decode_view_too_long";
+    case DeviceErrorKind::append_outside_rows:
+      return "append_outside_rows";
+    case DeviceErrorKind::append_past_max_ctx:
+      return "append_past_max_ctx";
+    case DeviceErrorKind::decode_view_too_long:
+      return "decode_view_too_long";
   }
   return "unknown";
 }
@@ -117,8 +122,7 @@ void bind_core(nb::module_& m) {
       .def("__eq__", [](const DataError& a, const DataError& b) { return a == b; })
       .def("__repr__", [](const DataError& e) { return describe(e); });
 
-  nb::class_<DeviceError>(m, "DeviceError",
-                          "A device-counter step that wrote nothing (SPEC §7).")
+  nb::class_<DeviceError>(m, "DeviceError", "A device-counter step that wrote nothing (SPEC §7).")
       .def_prop_ro("kind", [](const DeviceError& e) { return device_error_kind_name(e.kind); })
       .def_ro("len_d", &DeviceError::len_d)
       .def_ro("base_d", &DeviceError::base_d)
@@ -134,7 +138,8 @@ void bind_core(nb::module_& m) {
       .def_prop_ro("message", &LayerStatus::message)
       .def("__bool__", &LayerStatus::ok)
       .def("__eq__", [](const LayerStatus& a, const LayerStatus& b) { return a == b; })
-      .def("__repr__", [](const LayerStatus& s) { return "<kvlayer.LayerStatus " + s.message() + ">"; });
+      .def("__repr__",
+           [](const LayerStatus& s) { return "<kvlayer.LayerStatus " + s.message() + ">"; });
 
   nb::class_<Snapshot>(m, "Snapshot",
                        "A layer's live rows taken out of it (SPEC §13): KvLayer.snapshot(), "
@@ -160,12 +165,13 @@ void bind_core(nb::module_& m) {
                               nb::find(s));
           },
           "the V bytes of the rows [first, len): (rows, v_tok_bytes) uint8, read-only")
-      .def("encode",
-           [](const Snapshot& s) {
-             const std::vector<std::uint8_t> b = encode_snapshot(s);
-             return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
-           },
-           "the GGUF file's bytes")
+      .def(
+          "encode",
+          [](const Snapshot& s) {
+            const std::vector<std::uint8_t> b = encode_snapshot(s);
+            return nb::bytes(reinterpret_cast<const char*>(b.data()), b.size());
+          },
+          "the GGUF file's bytes")
       .def_static(
           "parse",
           [](nb::bytes file, const std::string& name) {
@@ -198,9 +204,9 @@ void bind_core(nb::module_& m) {
         }
         std::optional<std::pair<std::int64_t, float>> first_bad;
         if (bad) first_bad = std::pair{bad->block, bad->value};
-        return std::pair{to_numpy(std::move(out), {x.size() / kBlockValues *
-                                                   std::size_t(ref::block_bytes(t))}),
-                         first_bad};
+        return std::pair{
+            to_numpy(std::move(out), {x.size() / kBlockValues * std::size_t(ref::block_bytes(t))}),
+            first_bad};
       },
       nb::arg("format"), nb::arg("x"),
       "(bytes, (block, value) of the first bad block or None); bad blocks are written as the "

@@ -27,7 +27,9 @@
 namespace kvlayer::python {
 namespace {
 
-cudaStream_t stream_of(std::uintptr_t handle) { return reinterpret_cast<cudaStream_t>(handle); }
+cudaStream_t stream_of(std::uintptr_t handle) {
+  return reinterpret_cast<cudaStream_t>(handle);
+}
 
 template <typename T>
 T* pointer_of(std::uintptr_t p) {
@@ -61,9 +63,8 @@ struct CudaLayer {
 nb::ndarray<nb::numpy, const std::uint8_t> plane_array(std::vector<std::uint8_t>&& bytes,
                                                        std::int64_t rows, std::int64_t tok) {
   auto* heap = new std::vector<std::uint8_t>(std::move(bytes));
-  nb::capsule owner(heap, [](void* p) noexcept {
-    delete static_cast<std::vector<std::uint8_t>*>(p);
-  });
+  nb::capsule owner(heap,
+                    [](void* p) noexcept { delete static_cast<std::vector<std::uint8_t>*>(p); });
   return nb::ndarray<nb::numpy, const std::uint8_t>(heap->data(),
                                                     {std::size_t(rows), std::size_t(tok)}, owner);
 }
@@ -78,8 +79,8 @@ void bind_cuda(nb::module_& m) {
     const cudaError_t err = cudaGetDeviceCount(&n);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      return std::pair<int, std::string>{0, std::string("cudaGetDeviceCount: ") +
-                                                cudaGetErrorString(err)};
+      return std::pair<int, std::string>{
+          0, std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err)};
     }
     return std::pair<int, std::string>{n, std::string()};
   });
@@ -240,9 +241,9 @@ void bind_cuda(nb::module_& m) {
       .def_prop_ro("max_verify", [](const CudaLayer& c) { return c.get().max_verify(); })
       .def_prop_ro("n_q_heads", [](const CudaLayer& c) { return c.get().n_q_heads(); })
       .def_prop_ro("geometry", [](const CudaLayer& c) { return c.get().geometry(); })
-      .def_prop_ro("stream", [](const CudaLayer& c) {
-        return reinterpret_cast<std::uintptr_t>(c.get().stream());
-      })
+      .def_prop_ro(
+          "stream",
+          [](const CudaLayer& c) { return reinterpret_cast<std::uintptr_t>(c.get().stream()); })
       .def("accumulation_shape", [](const CudaLayer& c) { return c.get().accumulation_shape(); })
       .def(
           "verify_accumulation_shape",

@@ -8,14 +8,19 @@ namespace kvlayer::python {
 
 const char* error_kind_name(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::refused: return "refused";
-    case ErrorKind::device: return "device";
-    case ErrorKind::io: return "io";
+    case ErrorKind::refused:
+      return "refused";
+    case ErrorKind::device:
+      return "device";
+    case ErrorKind::io:
+      return "io";
   }
   return "unknown";
 }
 
-DType dtype_of(int code) { return static_cast<DType>(code); }
+DType dtype_of(int code) {
+  return static_cast<DType>(code);
+}
 
 }  // namespace kvlayer::python
 

@@ -35,7 +35,9 @@ struct RefLayer {
   }
 };
 
-std::span<const float> span_of(const HostFloats& q) { return {q.data(), q.size()}; }
+std::span<const float> span_of(const HostFloats& q) {
+  return {q.data(), q.size()};
+}
 
 ref::RowsView rows_of(const HostBytes& k, const HostBytes& v, std::int64_t n, int dtype) {
   return ref::RowsView{k.data(), v.data(), n, dtype_of(dtype)};
@@ -44,8 +46,8 @@ ref::RowsView rows_of(const HostBytes& k, const HostBytes& v, std::int64_t n, in
 using Output = nb::ndarray<nb::numpy, double>;
 
 Output decode_output(std::vector<double>&& out, const RefLayer& r) {
-  return to_numpy(std::move(out), {std::size_t(r.n_q_heads),
-                                   std::size_t(r.layer.geometry().head_dim_v)});
+  return to_numpy(std::move(out),
+                  {std::size_t(r.n_q_heads), std::size_t(r.layer.geometry().head_dim_v)});
 }
 
 Output rows_output(std::vector<double>&& out, const RefLayer& r, int t) {
@@ -110,20 +112,25 @@ void bind_reference(nb::module_& m) {
             refuse("append_op", "unknown operation '", op, "'");
           },
           nb::arg("op"), nb::arg("k"), nb::arg("v"), nb::arg("n"), nb::arg("dtype"))
-      .def("inc_seqlen", [](RefLayer& r, int t) { r.layer.inc_seqlen(t); }, nb::arg("t"))
-      .def("account_steps", [](RefLayer& r, std::int64_t k) { r.layer.account_steps(k); },
-           nb::arg("k"))
-      .def("rewind", [](RefLayer& r, std::int64_t n) { r.layer.rewind(n); }, nb::arg("new_len"))
-      .def("reserve", [](RefLayer& r, std::int64_t k) { r.layer.reserve(k); }, nb::arg("k"))
-      .def("can_rewind_to", [](const RefLayer& r, std::int64_t p) { return r.layer.can_rewind_to(p); })
-      .def("physical_rows", [](const RefLayer& r, std::int64_t s, std::int64_t e) {
-        return r.layer.physical_rows(s, e);
-      })
+      .def(
+          "inc_seqlen", [](RefLayer& r, int t) { r.layer.inc_seqlen(t); }, nb::arg("t"))
+      .def(
+          "account_steps", [](RefLayer& r, std::int64_t k) { r.layer.account_steps(k); },
+          nb::arg("k"))
+      .def(
+          "rewind", [](RefLayer& r, std::int64_t n) { r.layer.rewind(n); }, nb::arg("new_len"))
+      .def(
+          "reserve", [](RefLayer& r, std::int64_t k) { r.layer.reserve(k); }, nb::arg("k"))
+      .def("can_rewind_to",
+           [](const RefLayer& r, std::int64_t p) { return r.layer.can_rewind_to(p); })
+      .def("physical_rows", [](const RefLayer& r, std::int64_t s,
+                               std::int64_t e) { return r.layer.physical_rows(s, e); })
       .def("view", [](const RefLayer& r) { return r.layer.view(); })
       .def("verify_views",
            [](const RefLayer& r, int t) {
              Views out;
-             for (const DecodeView& v : r.layer.verify_views(t)) out.emplace_back(v.begin, v.end, v.base);
+             for (const DecodeView& v : r.layer.verify_views(t))
+               out.emplace_back(v.begin, v.end, v.base);
              return out;
            })
       .def(
@@ -173,7 +180,9 @@ void bind_reference(nb::module_& m) {
           },
           nb::arg("q"), nb::arg("t"), nb::arg("scale").none())
       .def("snapshot", [](const RefLayer& r) { return r.layer.snapshot(); })
-      .def("restore", [](RefLayer& r, const Snapshot& s) { r.layer.restore(s); }, nb::arg("snapshot"))
+      .def(
+          "restore", [](RefLayer& r, const Snapshot& s) { r.layer.restore(s); },
+          nb::arg("snapshot"))
       .def_prop_ro("fresh", [](const RefLayer& r) { return r.layer.fresh(); })
       .def("status", [](const RefLayer& r) { return r.layer.status(); })
       .def("clear_status", [](RefLayer& r) { r.layer.clear_status(); })
@@ -216,8 +225,8 @@ void bind_reference(nb::module_& m) {
             b.shape = {std::size_t(r.n_q_heads), std::size_t(r.layer.geometry().head_dim_v)};
             return b;
           },
-          nb::arg("q"), nb::arg("shape"), nb::arg("scale").none(), nb::arg("begin"),
-          nb::arg("end"), nb::arg("base"))
+          nb::arg("q"), nb::arg("shape"), nb::arg("scale").none(), nb::arg("begin"), nb::arg("end"),
+          nb::arg("base"))
       .def(
           "decode_rows_bound",
           [](const RefLayer& r, HostFloats q, const AccumulationShape& shape,
@@ -234,11 +243,11 @@ void bind_reference(nb::module_& m) {
               // t · n_q_heads · head_dim_v + i), as the verify decode's output is laid out.
               for (ref::DecodeBound& row :
                    ref::decode_rows_bound(r.layer, span_of(q), r.n_q_heads, scale, vs, shape)) {
-                for (auto [to, from] : {std::pair{&out.b.bound, &row.bound},
-                                        std::pair{&out.b.exact_q, &row.exact_q},
-                                        std::pair{&out.b.max_abs_v, &row.max_abs_v},
-                                        std::pair{&out.b.rounded, &row.rounded},
-                                        std::pair{&out.b.convex_reach, &row.convex_reach}})
+                for (auto [to, from] :
+                     {std::pair{&out.b.bound, &row.bound}, std::pair{&out.b.exact_q, &row.exact_q},
+                      std::pair{&out.b.max_abs_v, &row.max_abs_v},
+                      std::pair{&out.b.rounded, &row.rounded},
+                      std::pair{&out.b.convex_reach, &row.convex_reach}})
                   to->insert(to->end(), from->begin(), from->end());
               }
             }
@@ -252,14 +261,17 @@ void bind_reference(nb::module_& m) {
       m, "DecodeBound",
       "The per-element bound on |GPU - float64 reference| of a decode (SPEC §8; "
       "kvlayer/reference/accuracy.hpp), as read-only float64 arrays of the output's shape.")
-      .def_prop_ro("bound", [](const PyDecodeBound& b) { return bound_array(b, b.b.bound); },
-                   "the bound on |GPU - reference|")
-      .def_prop_ro("exact_q", [](const PyDecodeBound& b) { return bound_array(b, b.b.exact_q); },
-                   "e_q = |o~ - o|: the fp16(q) effect, computed exactly")
+      .def_prop_ro(
+          "bound", [](const PyDecodeBound& b) { return bound_array(b, b.b.bound); },
+          "the bound on |GPU - reference|")
+      .def_prop_ro(
+          "exact_q", [](const PyDecodeBound& b) { return bound_array(b, b.b.exact_q); },
+          "e_q = |o~ - o|: the fp16(q) effect, computed exactly")
       .def_prop_ro("max_abs_v",
                    [](const PyDecodeBound& b) { return bound_array(b, b.b.max_abs_v); })
-      .def_prop_ro("rounded", [](const PyDecodeBound& b) { return bound_array(b, b.b.rounded); },
-                   "o~: the float64 decode of fp16(q), what the GPU approximates")
+      .def_prop_ro(
+          "rounded", [](const PyDecodeBound& b) { return bound_array(b, b.b.rounded); },
+          "o~: the float64 decode of fp16(q), what the GPU approximates")
       .def_prop_ro("convex_reach",
                    [](const PyDecodeBound& b) { return bound_array(b, b.b.convex_reach); })
       .def_prop_ro("shape", [](const PyDecodeBound& b) {
