@@ -3,7 +3,9 @@
 #   1. every GoogleTest binary in BUILD/bin, in parallel (the CPU-only ones too);
 #      beside them the consumer example BUILD/bin/examples/engine_loop (tools/device-check
 #      builds it against an install of the build), run as a program, not a GoogleTest binary
-#      ("example engine_loop": PASS on exit status 0 only; MISSING when it was not built);
+#      ("example engine_loop": PASS on exit status 0 only; MISSING when it was not built); and
+#      the Python package from BUILD/bin/python/*.whl: its CPU tests, test_gpu.py (a skipped
+#      GPU suite fails) and examples/torch_decode, each PASS on exit status 0 only;
 #   2. compute-sanitizer memcheck, racecheck, synccheck and initcheck on the GPU test binaries,
 #      with gtest filters that keep each under a few minutes, the four tools in parallel;
 #   3. one summary table (step, result, seconds), also written to $OUT/summary.txt, and the
@@ -186,7 +188,35 @@ if [[ $sanitize_only == 0 && -x "$example" ]]; then
 elif [[ $sanitize_only == 0 ]]; then
   printf '%s|%s|%s\n' "example engine_loop" "MISSING(not built)" "0" >"$results/example_engine_loop"
 fi
+# The Python package (tools/device-check built its cp312 wheel into bin/python/): its tests, the
+# GPU half on its own so that a skipped GPU suite fails (exit 77: no CUDA device or no torch),
+# and the PyTorch example; beside the binaries above (the example's times are then not taken
+# alone: tools/python-wheel's device call runs it alone).
+wheel=$(ls "$build"/bin/python/kvlayer-*.whl 2>/dev/null | head -n 1 || true)
+if [[ $sanitize_only == 0 && -n $wheel ]] &&
+   python3 -m pip install -q --no-index --no-deps --no-compile --target "$work/python-site" \
+     "$wheel" >"$work/logs/test_python_install.log" 2>&1; then
+  pyenv_=(env PYTHONPATH="$work/python-site" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1)
+  run_program "test python (CPU half)" "$work/logs/test_python_cpu.log" "$test_timeout" \
+    "${pyenv_[@]}" python3 -m pytest -q -rs -p no:cacheprovider python/tests \
+    --ignore=python/tests/test_gpu.py &
+  run_program "test python test_gpu.py" "$work/logs/test_python_gpu.log" "$test_timeout" \
+    "${pyenv_[@]}" python3 -m pytest -q -rs -p no:cacheprovider python/tests/test_gpu.py \
+    --skip-exit-code 77 &
+  run_program "example torch_decode" "$work/logs/test_example_torch_decode.log" "$test_timeout" \
+    "${pyenv_[@]}" python3 examples/torch_decode/torch_decode_loop.py &
+elif [[ $sanitize_only == 0 ]]; then
+  why="not built"
+  [[ -n $wheel ]] && why="pip install failed: $(tail -n 1 "$work/logs/test_python_install.log")"
+  for step in "test python (CPU half)" "test python test_gpu.py" "example torch_decode"; do
+    printf '%s|%s|%s\n' "$step" "MISSING($why)" "0" >"$results/$(echo "$step" | tr ' /()' '____')"
+  done
+fi
 wait
+# test_gpu.py's tightness line, labelled as the GoogleTest steps' are.
+grep -ahE 'bound tightness:' "$work/logs/test_python_gpu.log" 2>/dev/null |
+  sed 's|^.*bound tightness:|test python test_gpu.py: bound tightness:|' \
+  >"$work/tightness/test_python_gpu" || true
 
 # ---- 2. compute-sanitizer on the GPU test binaries ----------------------------------------------
 # Built-in filters: small, representative cases (each tool slows kernels 10-100x).

@@ -132,6 +132,15 @@ int KvLayer::n_q_heads() const {
 cudaStream_t KvLayer::stream() const {
   return s_->stream;
 }
+void KvLayer::set_stream(cudaStream_t stream) {
+  if (stream == s_->stream) return;
+  // The stream's device, resolved as the constructor resolves it (the null, legacy and
+  // per-thread streams follow the current device, which every call makes the layer's).
+  const DeviceGuard on(s_->device);
+  if (const int sd = stream_device(stream, s_->device); sd != s_->device)
+    refuse("set_stream", stream_device_mismatch(sd, s_->device));
+  s_->stream = stream;
+}
 std::int64_t KvLayer::rows() const {
   return s_->rows;
 }

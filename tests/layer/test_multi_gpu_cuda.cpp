@@ -7,10 +7,11 @@
 //    current device;
 //  - CurrentDevice: one GPU or more: after every kind of call the caller's device is still
 //    current, also after a throw (with two GPUs also with the other device current);
+//    set_stream moves every later call, a captured step included, to the new stream;
 //  - MultiGpu: two GPUs (skipped, saying so, with fewer): layers on devices 0 and 1 used
 //    alternately from one thread with the other device current, against the reference; graphs
 //    captured per device and replayed interleaved; destruction with the wrong device current;
-//    a stream of device 1 refused for a layer on device 0.
+//    a stream of device 1 refused for a layer on device 0, by the constructor and set_stream.
 // tools/device-check-remote.sh runs this binary whole on two GPUs or more, and with
 // --gtest_filter=-MultiGpu.* on one.
 #include <cuda_runtime_api.h>
@@ -479,6 +480,51 @@ TEST(CurrentDevice, ANoThrowGuardLeavesTheCallersLastErrorAlone) {
 // ---- two GPUs
 // --------------------------------------------------------------------------------------
 
+// set_stream (the Python binding's per-call stream): every later call, a captured step
+// included, runs on the new stream; a stream of another device is refused (MultiGpu below).
+TEST(CurrentDevice, SetStreamMovesEveryLaterCallToTheNewStream) {
+  KVLAYER_REQUIRE_GPU();
+  Rng rng(0x5E75);
+  Side x(0, flat(2, 64, 300), 8);
+  append_rows(x, 40, rng);  // on the construction stream
+  auto other = std::make_unique<Stream>();
+  x.gpu->set_stream(other->get());
+  EXPECT_EQ(x.gpu->stream(), other->get());
+  x.gpu->set_stream(other->get());  // the same stream again: nothing to check, nothing changes
+  append_rows(x, 17, rng);
+  EXPECT_TRUE(same_state(*x.gpu, x.ref));  // status() and the read-back wait on the new stream
+  // A device-counter step captured on the new stream: had the layer launched on its old stream,
+  // the capture would hold no node (the old stream is not capturing) and the replay would leave
+  // len_d where it was.
+  DeviceBuffer k_in(std::size_t(x.g().kv_dim_k()) * 4), v_in(std::size_t(x.g().kv_dim_v()) * 4);
+  DeviceFloats q(std::size_t(x.nq) * 64), out(std::size_t(x.nq) * 64);
+  q.upload(std::vector<float>(q.count, 0.5f));  // defined input (compute-sanitizer initcheck)
+  const HostRows row = make_rows(x.g(), 1, DType::f32, Fill::random, rng);
+  KVLAYER_CUDA_TRY(
+      cudaMemcpy(k_in.get(), row.k_bytes.data(), row.k_bytes.size(), cudaMemcpyHostToDevice));
+  KVLAYER_CUDA_TRY(
+      cudaMemcpy(v_in.get(), row.v_bytes.data(), row.v_bytes.size(), cudaMemcpyHostToDevice));
+  KVLAYER_CUDA_TRY(cudaDeviceSynchronize());
+  KVLAYER_CUDA_TRY(cudaStreamBeginCapture(other->get(), cudaStreamCaptureModeThreadLocal));
+  device_counter_step(*x.gpu, cuda::RowsView{k_in.get(), v_in.get(), 1, DType::f32}, q.get(),
+                      out.get());
+  const Graph graph = Graph::end_capture(other->get());
+  EXPECT_GT(graph.node_count(), 0u);
+  graph.launch(other->get());
+  x.ref.append_dc(row.view());
+  x.ref.inc_seqlen(1);
+  EXPECT_EQ(x.gpu->read_len_d(), x.ref.len_d());
+  x.gpu->account_steps(1);
+  x.ref.account_steps(1);
+  EXPECT_TRUE(same_state(*x.gpu, x.ref));
+  // Back to the construction stream before `other` is destroyed (the layer's destructor waits
+  // on its stream).
+  x.gpu->set_stream(x.s());
+  KVLAYER_CUDA_TRY(cudaStreamSynchronize(other->get()));
+  other.reset();
+  check_decode(x, rng, "after set_stream back");
+}
+
 TEST(MultiGpu, LayersOnTwoDevicesUsedAlternatelyMatchTheReference) {
   KVLAYER_REQUIRE_TWO_GPUS();
   std::vector<std::unique_ptr<Side>> sides;
@@ -724,6 +770,13 @@ TEST(MultiGpu, AStreamOfAnotherDeviceIsRefusedAndChangesNothing) {
     EXPECT_EQ(refusal_of([&] { cuda::KvLayer l(g, 32, s0->get()); }),
               "cuda::KvLayer: stream is on device 0 but the layer is on device 1");
     EXPECT_EQ(current_device(), 1);
+  }
+  {
+    const DeviceGuard at(0);
+    const cudaStream_t before_stream = x.gpu->stream();
+    EXPECT_EQ(refusal_of([&] { x.gpu->set_stream(s1->get()); }),
+              "set_stream: stream is on device 1 but the layer is on device 0");
+    EXPECT_EQ(x.gpu->stream(), before_stream);
   }
   const std::size_t tolerance = std::size_t(g.rows() * g.v_tok_bytes()) / 2;
   EXPECT_LT(free0 - std::min(free0, free_bytes(0)), tolerance) << "nothing allocated on device 0";

@@ -138,6 +138,17 @@ class KvLayer {
   const Geometry& geometry() const;
   int n_q_heads() const;
   cudaStream_t stream() const;
+  /// Makes `stream` the stream of every later call (and of the destructor's wait). For callers
+  /// whose stream changes from call to call, as a framework's "current stream" does (PyTorch's
+  /// side streams, its graph capture stream): the Python binding sets it before each call.
+  /// Refused (stream unchanged) for a stream of another device than the layer's, as the
+  /// constructor refuses it ("set_stream: stream is on device 1 but the layer is on device 0").
+  /// Host state only: it enqueues nothing and does not synchronize, so it is legal while either
+  /// stream is being captured.
+  /// NOTE: work already enqueued on the old stream is not ordered before later work on the new
+  /// one: the caller orders the two streams (an event, or a synchronization), as it would for
+  /// any buffer it hands from one stream to another. The new stream must outlive its use.
+  void set_stream(cudaStream_t stream);
   /// Physical rows of each plane (SPEC §6).
   std::int64_t rows() const;
   /// The most queries a verify decode takes (fixed at construction).
