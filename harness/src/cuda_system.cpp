@@ -16,9 +16,9 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-std::string instance_name(const cuda::DecodeLaunchInfo& info, int head_dim) {
-  return std::string(info.kernel) + " d" + std::to_string(head_dim) + " r" +
-         std::to_string(info.rows_per_block);
+/// A kernel instance as the coverage table names it: "mma_direct d128 r8".
+std::string instance_name(const char* kernel, int head_dim, int rows) {
+  return std::string(kernel) + " d" + std::to_string(head_dim) + " r" + std::to_string(rows);
 }
 
 cuda::DecodeOptions decode_options(const DecodeChoice& choice) {
@@ -219,7 +219,8 @@ class CudaSystem final : public System {
         len - base > layer_.rows())
       return;
     const cuda::DecodeLaunchInfo info = layer_.decode_launch(queries, len - begin);
-    coverage_.record(LaunchRecord{instance_name(info, g.head_dim_k), info.loop_trips,
+    coverage_.record(LaunchRecord{instance_name(info.kernel, g.head_dim_k, info.rows_per_block),
+                                  info.loop_trips,
                                   info.active_splits, queries, g.is_ring() && base > 0});
   }
 
@@ -326,12 +327,8 @@ bool cuda_device_available() {
 
 std::vector<std::string> cuda_selectable_instances() {
   std::vector<std::string> names;
-  for (const cuda::DecodeInstance& i : cuda::decode_instances()) {
-    cuda::DecodeLaunchInfo info;
-    info.kernel = i.kernel;
-    info.rows_per_block = i.rows;
-    names.push_back(instance_name(info, i.head_dim));
-  }
+  for (const cuda::DecodeInstance& i : cuda::decode_instances())
+    names.push_back(instance_name(i.kernel, i.head_dim, i.rows));
   return names;
 }
 

@@ -97,9 +97,9 @@ __host__ __device__ inline std::uint32_t isqrt(std::uint32_t n) {
 
 /// Decode plans' split balance (DecodeOptions::split_balance, default 2): a view of n keys takes
 /// splits of at least balance·√n keys, about √n / 2 of them at the default. The split grid's
-/// work per split falls as n / splits while the merge's grows with the splits; without the floor
-/// a 16K-key view over one KV head took 256 splits and its merge cost more than their keys
-/// (bench/NOTES.md, session 10).
+/// work per split falls as n / splits while the merge's grows with the splits: without the
+/// floor, a short view over one KV head takes hundreds of splits whose merge costs more than
+/// their keys.
 
 /// Keys per split for a view of n ≥ 1 keys: the larger of ceil(n / n_splits) and balance·⌊√n⌋
 /// (balance 0: no floor), rounded up to a whole tile.
