@@ -19,13 +19,21 @@ namespace {
 
 using MatrixXdR = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Eigen::MatrixXd;
+/// Rows [first, first + n) of a head's cache: every view of a launch is such a block, so that
+/// one query row's arithmetic is the same whichever union of views the cache was gathered for.
+using RowsRef = Eigen::Ref<const MatrixXdR>;
 
-/// Dequantized K and V of one KV head over a view, as float64 matrices [keys × head_dim].
+/// Dequantized K and V of one KV head over the logical keys [begin, begin + k.rows()), as
+/// float64 matrices [keys × head_dim]. Gathered once per launch (the union of its rows' views);
+/// each row reads its own view as a block of it.
 struct HeadCache {
+  std::int64_t begin = 0;
   MatrixXdR k, v;
   /// [keys × head_dim_v]: |V − m| + |m| with m the q5_1 block's minimum, i.e. |d·q| + |m|, the
   /// magnitude the f32 (or fp16 fused) dequantization rounds at.
   MatrixXdR v_dequant_mag;
+  Eigen::Index first(const DecodeView& view) const { return Eigen::Index(view.begin - begin); }
+  Eigen::Index keys(const DecodeView& view) const { return Eigen::Index(view.end - view.begin); }
 };
 
 /// Softmax of every column of a score matrix [keys × query heads] (one column per query head
@@ -35,7 +43,7 @@ struct ColumnSoftmax {
   Eigen::RowVectorXd top, l;  ///< per head: the largest score and Σ exp(score − top)
 };
 
-ColumnSoftmax softmax_columns(const MatrixXdR& k, const MatrixXd& q_columns, double scale) {
+ColumnSoftmax softmax_columns(const RowsRef& k, const MatrixXd& q_columns, double scale) {
   ColumnSoftmax r;
   r.scores = scale * (k * q_columns);
   r.top = r.scores.colwise().maxCoeff();
@@ -45,18 +53,26 @@ ColumnSoftmax softmax_columns(const MatrixXdR& k, const MatrixXd& q_columns, dou
   return r;
 }
 
+/// The keys [view.begin, view.end) of one KV head (physical row = key − view.base).
 HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view) {
   const Geometry& g = layer.geometry();
   const std::int64_t n = view.end - view.begin;
-  HeadCache c{MatrixXdR(n, g.head_dim_k), MatrixXdR(n, g.head_dim_v), MatrixXdR(n, g.head_dim_v)};
+  HeadCache c{view.begin, MatrixXdR(n, g.head_dim_k), MatrixXdR(n, g.head_dim_v),
+              MatrixXdR(n, g.head_dim_v)};
+  const std::int64_t k_head_bytes = g.head_dim_k / kBlockValues * kQ8_0BlockBytes;
+  const std::int64_t v_head_bytes = g.head_dim_v / kBlockValues * kQ5_1BlockBytes;
+  std::vector<float> k(std::size_t(g.head_dim_k)), v(std::size_t(g.head_dim_v));
   for (std::int64_t t = 0; t < n; ++t) {
     const std::int64_t phys = view.begin + t - view.base;
-    const auto k = layer.dequantized_head(Plane::k, phys, kv_head);
-    const auto v = layer.dequantized_head(Plane::v, phys, kv_head);
-    for (int d = 0; d < g.head_dim_k; ++d) c.k(t, d) = k[std::size_t(d)];
+    const std::uint8_t* k_row =
+        layer.k_plane().data() + phys * g.k_tok_bytes() + kv_head * k_head_bytes;
     const std::uint8_t* v_row =
-        layer.v_plane().data() + phys * g.v_tok_bytes() +
-        std::int64_t(kv_head) * (g.head_dim_v / kBlockValues) * kQ5_1BlockBytes;
+        layer.v_plane().data() + phys * g.v_tok_bytes() + kv_head * v_head_bytes;
+    dequantize_row(BlockType::q8_0, std::span<const std::uint8_t>(k_row, std::size_t(k_head_bytes)),
+                   k);
+    dequantize_row(BlockType::q5_1, std::span<const std::uint8_t>(v_row, std::size_t(v_head_bytes)),
+                   v);
+    for (int d = 0; d < g.head_dim_k; ++d) c.k(t, d) = k[std::size_t(d)];
     for (int b = 0; b < g.head_dim_v; b += kBlockValues) {
       const double m = q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes>(
           v_row + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes));
@@ -68,6 +84,30 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view)
     }
   }
   return c;
+}
+
+/// The smallest view holding every non-empty one of `views` (they share one base); empty when
+/// all are.
+DecodeView union_of(std::span<const DecodeView> views) {
+  DecodeView all{0, 0, views.empty() ? 0 : views.front().base};
+  for (const DecodeView& v : views) {
+    if (v.end <= v.begin) continue;
+    if (all.end <= all.begin) {
+      all = v;
+      continue;
+    }
+    all.begin = std::min(all.begin, v.begin);
+    all.end = std::max(all.end, v.end);
+  }
+  return all;
+}
+
+/// Every KV head's cache over `all`, gathered on the machine's cores.
+std::vector<HeadCache> gather_heads(const KvLayer& layer, const DecodeView& all) {
+  std::vector<HeadCache> heads(std::size_t(layer.geometry().n_kv_heads));
+  detail::parallel_rows(heads.size(),
+                        [&](std::size_t kv) { heads[kv] = gather_head(layer, int(kv), all); });
+  return heads;
 }
 
 /// The query heads [first, first + count) as the columns of a [head_dim × count] matrix; with
@@ -103,22 +143,7 @@ void KvLayer::check_query(std::span<const float> q, int n_q_heads, const char* o
 std::vector<double> KvLayer::attend(std::span<const float> q, int n_q_heads,
                                     std::optional<float> scale, std::int64_t lbegin,
                                     std::int64_t lend, std::int64_t base) const {
-  const Geometry& g = geometry_;
-  const int gqa = n_q_heads / g.n_kv_heads;
-  const double s = scale.value_or(default_scale(g.head_dim_k));
-  std::vector<double> out(std::size_t(n_q_heads) * g.head_dim_v, 0.0);
-  if (lend <= lbegin) return out;  // empty view: all-zero output
-  detail::parallel_rows(std::size_t(g.n_kv_heads), [&](std::size_t head) {
-    const int kv = int(head);
-    const HeadCache c = gather_head(*this, kv, DecodeView{lbegin, lend, base});
-    const MatrixXd o =  // [head_dim_v × gqa]
-        c.v.transpose() *
-        softmax_columns(c.k, query_columns(q, kv * gqa, gqa, g.head_dim_k, false), s).p;
-    for (int j = 0; j < gqa; ++j)
-      for (int e = 0; e < g.head_dim_v; ++e)
-        out[std::size_t(kv * gqa + j) * g.head_dim_v + e] = o(e, j);
-  });
-  return out;
+  return attend_rows(q, n_q_heads, scale, {DecodeView{lbegin, lend, base}});
 }
 
 std::pair<std::int64_t, std::int64_t> KvLayer::view() const {
@@ -205,15 +230,31 @@ void KvLayer::check_queries(std::span<const float> q, int n_q_heads, int t,
 std::vector<double> KvLayer::attend_rows(std::span<const float> q, int n_q_heads,
                                          std::optional<float> scale,
                                          const std::vector<DecodeView>& views) const {
-  // Row by row through the single-query code, so that row i is bit-identical to decode() at
-  // len p_i + 1 (SPEC §11: "the decode a single-query call would compute").
-  const std::size_t q_row = std::size_t(n_q_heads) * std::size_t(geometry_.head_dim_k);
-  const std::size_t out_row = std::size_t(n_q_heads) * std::size_t(geometry_.head_dim_v);
-  std::vector<double> out(views.size() * out_row);
-  detail::parallel_rows(views.size(), [&](std::size_t i) {
-    const std::vector<double> row = attend(q.subspan(i * q_row, q_row), n_q_heads, scale,
-                                           views[i].begin, views[i].end, views[i].base);
-    std::copy(row.begin(), row.end(), out.begin() + std::ptrdiff_t(i * out_row));
+  // Each (row, KV head) is the same arithmetic on its view's block of a cache gathered once
+  // for the union of the views, so row i is bit-identical to decode() at len p_i + 1 (SPEC §11:
+  // "the decode a single-query call would compute"), which is the one-row case of this code.
+  const Geometry& g = geometry_;
+  const int gqa = n_q_heads / g.n_kv_heads;
+  const double s = scale.value_or(default_scale(g.head_dim_k));
+  const std::size_t q_row = std::size_t(n_q_heads) * std::size_t(g.head_dim_k);
+  const std::size_t out_row = std::size_t(n_q_heads) * std::size_t(g.head_dim_v);
+  std::vector<double> out(views.size() * out_row, 0.0);  // an empty view's row is all zero
+  const std::vector<HeadCache> heads = gather_heads(*this, union_of(views));
+  detail::parallel_rows(views.size() * heads.size(), [&](std::size_t item) {
+    const std::size_t i = item / heads.size();
+    const int kv = int(item % heads.size());
+    const DecodeView& view = views[i];
+    if (view.end <= view.begin) return;
+    const HeadCache& c = heads[std::size_t(kv)];
+    const Eigen::Index first = c.first(view), n = c.keys(view);
+    const MatrixXd q_columns =
+        query_columns(q.subspan(i * q_row, q_row), kv * gqa, gqa, g.head_dim_k, false);
+    const MatrixXd o =  // [head_dim_v × gqa]
+        c.v.middleRows(first, n).transpose() *
+        softmax_columns(c.k.middleRows(first, n), q_columns, s).p;
+    for (int j = 0; j < gqa; ++j)
+      for (int e = 0; e < g.head_dim_v; ++e)
+        out[i * out_row + std::size_t(kv * gqa + j) * g.head_dim_v + std::size_t(e)] = o(e, j);
   });
   return out;
 }
@@ -310,7 +351,8 @@ void probability_range(const Eigen::VectorXd& x, const Eigen::VectorXd& delta, E
   lo.resize(n);
   hi.resize(n);
   for (Eigen::Index t = 0; t < n; ++t) {
-    // hi = e^{a_t} / (e^{a_t} + e^{b_max}·r_small_t), lo = e^{b_t} / (e^{b_t} + e^{a_max}·r_large_t)
+    // hi = e^{a_t} / (e^{a_t} + e^{b_max}·r_small_t), lo = e^{b_t} / (e^{b_t} +
+    // e^{a_max}·r_large_t)
     hi(t) = r_small(t) > 0 ? 1 / (1 + std::exp(b_max - a(t) + std::log(r_small(t)))) : 1.0;
     lo(t) = r_large(t) > 0 ? 1 / (1 + std::exp(a_max - b(t) + std::log(r_large(t)))) : 1.0;
   }
@@ -318,19 +360,33 @@ void probability_range(const Eigen::VectorXd& x, const Eigen::VectorXd& delta, E
 
 }  // namespace
 
-DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q_heads,
-                         std::optional<float> scale, const DecodeView& view,
-                         const AccumulationShape& shape) {
+namespace {
+
+/// A head's cache with the magnitudes the bound multiplies (over the same keys).
+struct BoundCache {
+  HeadCache c;
+  MatrixXdR abs_k, abs_v;
+  /// 1 where |V| is in fp16's subnormal range (rounded with an absolute error of 2^-25).
+  MatrixXdR v_subnormal;
+};
+
+/// The bound of every row of `views` (q is [views.size(), n_q_heads, head_dim_k]): each
+/// (row, KV head) on its view's block of caches gathered once for the union of the views.
+std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float> q, int n_q_heads,
+                                    std::optional<float> scale, std::span<const DecodeView> views,
+                                    const AccumulationShape& shape) {
   const Geometry& g = layer.geometry();
   const int gqa = n_q_heads / g.n_kv_heads;
   const double s = scale.value_or(default_scale(g.head_dim_k));
   const double u16 = std::ldexp(1.0, -11), u32 = std::ldexp(1.0, -24);
   const double D = g.head_dim_k;
   const std::size_t n_out = std::size_t(n_q_heads) * std::size_t(g.head_dim_v);
-  DecodeBound r{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
-                std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
-                std::vector<double>(n_out, 0.0)};
-  if (view.end <= view.begin) return r;
+  const std::size_t q_row = std::size_t(n_q_heads) * std::size_t(g.head_dim_k);
+  std::vector<DecodeBound> out(views.size());
+  for (DecodeBound& r : out)
+    r = DecodeBound{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
+                    std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
+                    std::vector<double>(n_out, 0.0)};
   // Rounding point (5): one m16n8k16 accumulation is within γ of Σ|addends|.
   const double gamma = 2.0 * (kMmaK + 2) * u32;
   // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)).
@@ -342,20 +398,32 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
   const double chain = shape.tensor_core ? gamma / u32 * double(shape.pv_mma_steps)
                                          : double(shape.max_keys_per_split);
   const double accumulation = (chain + 4 * rescales + double(shape.n_splits) + 8) * u32;
-  detail::parallel_rows(std::size_t(g.n_kv_heads), [&](std::size_t head) {
-    const int kv = int(head);
-    const HeadCache c = gather_head(layer, kv, view);
-    const MatrixXdR abs_k = c.k.cwiseAbs();
-    const MatrixXdR abs_v = c.v.cwiseAbs();
-    // V values in fp16's subnormal range are rounded with an absolute error of 2^-25.
-    const MatrixXdR v_subnormal =
-        (abs_v.array() > 0 && abs_v.array() < std::ldexp(1.0, -14)).cast<double>().matrix();
-    const MatrixXd q_exact = query_columns(q, kv * gqa, gqa, g.head_dim_k, false);
-    const MatrixXd q16 = query_columns(q, kv * gqa, gqa, g.head_dim_k, true);
-    const ColumnSoftmax exact = softmax_columns(c.k, q_exact, s),
-                        rounded = softmax_columns(c.k, q16, s);
+  const DecodeView all = union_of(views);
+  std::vector<BoundCache> heads(std::size_t(g.n_kv_heads));
+  detail::parallel_rows(heads.size(), [&](std::size_t kv) {
+    BoundCache& h = heads[kv];
+    h.c = gather_head(layer, int(kv), all);
+    h.abs_k = h.c.k.cwiseAbs();
+    h.abs_v = h.c.v.cwiseAbs();
+    h.v_subnormal =
+        (h.abs_v.array() > 0 && h.abs_v.array() < std::ldexp(1.0, -14)).cast<double>().matrix();
+  });
+  detail::parallel_rows(views.size() * heads.size(), [&](std::size_t item) {
+    const std::size_t row = item / heads.size();
+    const int kv = int(item % heads.size());
+    const DecodeView& view = views[row];
+    if (view.end <= view.begin) return;
+    DecodeBound& r = out[row];
+    const BoundCache& bc = heads[std::size_t(kv)];
+    const Eigen::Index first = bc.c.first(view), n = bc.c.keys(view);
+    const auto k = bc.c.k.middleRows(first, n), v = bc.c.v.middleRows(first, n);
+    const auto abs_k = bc.abs_k.middleRows(first, n), abs_v = bc.abs_v.middleRows(first, n);
+    const std::span<const float> q_i = q.subspan(row * q_row, q_row);
+    const MatrixXd q_exact = query_columns(q_i, kv * gqa, gqa, g.head_dim_k, false);
+    const MatrixXd q16 = query_columns(q_i, kv * gqa, gqa, g.head_dim_k, true);
+    const ColumnSoftmax exact = softmax_columns(k, q_exact, s),
+                        rounded = softmax_columns(k, q16, s);
     const MatrixXd magnitude = std::fabs(s) * (abs_k * q16.cwiseAbs());  // [keys × gqa]
-    const Eigen::Index n = c.k.rows();
     MatrixXd deviation(n, gqa), high(n, gqa);
     for (int j = 0; j < gqa; ++j) {
       const Eigen::VectorXd x = rounded.scores.col(j).array() - rounded.top(j);
@@ -367,16 +435,16 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
       deviation.col(j) = (hi - p).cwiseMax(p - lo).cwiseMax(0.0);
       high.col(j) = hi.cwiseMax(p);
     }
-    const MatrixXd o_exact = c.v.transpose() * exact.p;  // [head_dim_v × gqa]
-    const MatrixXd o_rounded = c.v.transpose() * rounded.p;
+    const MatrixXd o_exact = v.transpose() * exact.p;  // [head_dim_v × gqa]
+    const MatrixXd o_rounded = v.transpose() * rounded.p;
     const MatrixXd term_perturbation = abs_v.transpose() * deviation;
     const MatrixXd term_v = abs_v.transpose() * high;
-    const MatrixXd term_dequant = c.v_dequant_mag.transpose() * high;
-    const MatrixXd term_subnormal = v_subnormal.transpose() * high;
+    const MatrixXd term_dequant = bc.c.v_dequant_mag.middleRows(first, n).transpose() * high;
+    const MatrixXd term_subnormal = bc.v_subnormal.middleRows(first, n).transpose() * high;
     const Eigen::VectorXd v_sum = abs_v.colwise().sum().transpose();
     const Eigen::VectorXd column_max = abs_v.colwise().maxCoeff().transpose();
-    const Eigen::VectorXd v_low = c.v.colwise().minCoeff().transpose();
-    const Eigen::VectorXd v_high = c.v.colwise().maxCoeff().transpose();
+    const Eigen::VectorXd v_low = v.colwise().minCoeff().transpose();
+    const Eigen::VectorXd v_high = v.colwise().maxCoeff().transpose();
     for (int j = 0; j < gqa; ++j) {
       const std::size_t h = std::size_t(kv * gqa + j);
       for (int e = 0; e < g.head_dim_v; ++e) {
@@ -391,16 +459,22 @@ DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q
           r.bound[i] = r.exact_q[i];
           continue;
         }
-        r.bound[i] = r.exact_q[i] + term_perturbation(e, j) +
-                     (2 * u16 + u16 * u16) * term_v(e, j) +
+        r.bound[i] = r.exact_q[i] + term_perturbation(e, j) + (2 * u16 + u16 * u16) * term_v(e, j) +
                      std::ldexp(1.0, -25) * term_subnormal(e, j) +
                      2 * accumulation * (1 + 2 * u16) * term_v(e, j) +
-                     8 * u32 * term_dequant(e, j) +
-                     std::ldexp(1.0, -25) * (1 + u16) * v_sum(e);
+                     8 * u32 * term_dequant(e, j) + std::ldexp(1.0, -25) * (1 + u16) * v_sum(e);
       }
     }
   });
-  return r;
+  return out;
+}
+
+}  // namespace
+
+DecodeBound decode_bound(const KvLayer& layer, std::span<const float> q, int n_q_heads,
+                         std::optional<float> scale, const DecodeView& view,
+                         const AccumulationShape& shape) {
+  return std::move(bound_rows(layer, q, n_q_heads, scale, std::span(&view, 1), shape).front());
 }
 
 std::vector<DecodeBound> decode_rows_bound(const KvLayer& layer, std::span<const float> q,
@@ -412,11 +486,7 @@ std::vector<DecodeBound> decode_rows_bound(const KvLayer& layer, std::span<const
   if (q.size() != views.size() * q_row)
     refuse("decode_rows_bound", "q has ", q.size(), " values, expected T ", views.size(),
            " x n_q_heads ", n_q_heads, " x head_dim_k ", g.head_dim_k, " = ", views.size() * q_row);
-  std::vector<DecodeBound> out(views.size());
-  detail::parallel_rows(views.size(), [&](std::size_t i) {
-    out[i] = decode_bound(layer, q.subspan(i * q_row, q_row), n_q_heads, scale, views[i], shape);
-  });
-  return out;
+  return bound_rows(layer, q, n_q_heads, scale, views, shape);
 }
 
 void BoundTightness::record(double got, const DecodeBound& b, std::size_t i) {
