@@ -70,6 +70,7 @@ const Command& snapshot_demo_command();
 const Command& bench_command();
 const Command& soak_command();
 const Command& probe_command();
+const Command& snapshot_bench_command();
 #endif
 
 }  // namespace kvlayer::cli

@@ -27,6 +27,7 @@ constexpr CommandFactory kCommands[] = {
     &bench_command,
     &soak_command,
     &probe_command,
+    &snapshot_bench_command,
 #endif
 };
 
