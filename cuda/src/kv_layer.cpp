@@ -137,8 +137,14 @@ void KvLayer::set_stream(cudaStream_t stream) {
   // The stream's device, resolved as the constructor resolves it (the null, legacy and
   // per-thread streams follow the current device, which every call makes the layer's).
   const DeviceGuard on(s_->device);
-  if (const int sd = stream_device(stream, s_->device); sd != s_->device)
-    refuse("set_stream", stream_device_mismatch(sd, s_->device));
+  // cudaStreamGetDevice is not permitted on a capturing stream, and torch.cuda.graph captures on
+  // a side stream of its own: such a stream is taken as given (a launch there from another
+  // device's layer fails the capture with the launch's named error).
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  KVLAYER_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+  if (capture == cudaStreamCaptureStatusNone)
+    if (const int sd = stream_device(stream, s_->device); sd != s_->device)
+      refuse("set_stream", stream_device_mismatch(sd, s_->device));
   s_->stream = stream;
 }
 std::int64_t KvLayer::rows() const {

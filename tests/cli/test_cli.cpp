@@ -164,7 +164,8 @@ TEST_F(Cli, UnknownCommand) {
   EXPECT_EQ(r.status, 2);
 #ifdef KVLAYER_CLI_HAS_BENCH
   const std::string commands =
-      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, bench, soak, probe";
+      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, bench, soak, probe, "
+      "snapshot-bench";
 #else
   const std::string commands =
       "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo";
@@ -172,6 +173,18 @@ TEST_F(Cli, UnknownCommand) {
   EXPECT_EQ(r.err, "kvlayer: unknown command 'frobnicate' (commands: " + commands +
                        "; see kvlayer --help)\n");
 }
+
+#ifdef KVLAYER_CLI_HAS_BENCH
+// snapshot-bench checks its sizes before it touches a GPU (so this runs anywhere).
+TEST_F(Cli, SnapshotBenchRefusesBadSizesBeforeTouchingTheGpu) {
+  Result r = run({"snapshot-bench", "--head-dim", "48"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "kvlayer snapshot-bench: --head-dim 48 must be a multiple of 32\n");
+  r = run({"snapshot-bench", "--len", "0"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_EQ(r.err, "kvlayer snapshot-bench: --len '0' must be an integer in [1, 16777216]\n");
+}
+#endif
 
 TEST_F(Cli, PerCommandHelp) {
   for (const char* c : {"quantize", "dequantize", "selfcheck", "inspect", "snapshot-demo"}) {

@@ -481,7 +481,8 @@ TEST(CurrentDevice, ANoThrowGuardLeavesTheCallersLastErrorAlone) {
 // --------------------------------------------------------------------------------------
 
 // set_stream (the Python binding's per-call stream): every later call, a captured step
-// included, runs on the new stream; a stream of another device is refused (MultiGpu below).
+// included, runs on the new stream, also when it was set while capturing; a stream of another
+// device is refused (MultiGpu below).
 TEST(CurrentDevice, SetStreamMovesEveryLaterCallToTheNewStream) {
   KVLAYER_REQUIRE_GPU();
   Rng rng(0x5E75);
@@ -505,7 +506,11 @@ TEST(CurrentDevice, SetStreamMovesEveryLaterCallToTheNewStream) {
   KVLAYER_CUDA_TRY(
       cudaMemcpy(v_in.get(), row.v_bytes.data(), row.v_bytes.size(), cudaMemcpyHostToDevice));
   KVLAYER_CUDA_TRY(cudaDeviceSynchronize());
-  KVLAYER_CUDA_TRY(cudaStreamBeginCapture(other->get(), cudaStreamCaptureModeThreadLocal));
+  // The stream set while it is capturing, as torch.cuda.graph does (global mode, its default):
+  // CUDA forbids asking a capturing stream's device, so set_stream must not.
+  x.gpu->set_stream(x.s());
+  KVLAYER_CUDA_TRY(cudaStreamBeginCapture(other->get(), cudaStreamCaptureModeGlobal));
+  x.gpu->set_stream(other->get());
   device_counter_step(*x.gpu, cuda::RowsView{k_in.get(), v_in.get(), 1, DType::f32}, q.get(),
                       out.get());
   const Graph graph = Graph::end_capture(other->get());

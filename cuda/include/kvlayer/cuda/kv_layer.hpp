@@ -142,7 +142,9 @@ class KvLayer {
   /// whose stream changes from call to call, as a framework's "current stream" does (PyTorch's
   /// side streams, its graph capture stream): the Python binding sets it before each call.
   /// Refused (stream unchanged) for a stream of another device than the layer's, as the
-  /// constructor refuses it ("set_stream: stream is on device 1 but the layer is on device 0").
+  /// constructor refuses it ("set_stream: stream is on device 1 but the layer is on device 0"),
+  /// except a stream being captured, whose device CUDA does not tell (a launch there from
+  /// another device's layer then fails the capture with that launch's named error).
   /// Host state only: it enqueues nothing and does not synchronize, so it is legal while either
   /// stream is being captured.
   /// NOTE: work already enqueued on the old stream is not ordered before later work on the new
