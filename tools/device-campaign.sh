@@ -9,7 +9,8 @@
 # are found the processes inherit the environment unchanged (gpu "-" in the tables).
 # Failing cases' replay files and each process's summary land in $OUT (or ./campaign-out).
 # Each case draws its decode plan (row choice, split balance, verify split cap, kernel family),
-# so every process reaches every kernel instance. After the tables, the coverage of all
+# so every process reaches every kernel instance; some processes aim at the rarer families by
+# their default (aims below, the "aim" column). After the tables, the coverage of all
 # processes summed (SPEC §10.7): the campaign fails when a selectable instance did not run 1, 2
 # and >= 3 key-loop trips, or a merge over 256 splits, a verify of T > 16, a ring view past base
 # over several splits or a multi-unit rebase never happened.
@@ -27,20 +28,30 @@ elif command -v nvidia-smi >/dev/null 2>&1; then
   mapfile -t gpus < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr -d ' ')
 fi
 declare -A gpu_of  # seed -> the GPU its process saw ("-": the environment unchanged)
+# Aims: process i adds aims[i mod 8]'s fuzz flags ("-": none), which each case records (its
+# replay file draws the same case). The CUDA-core family is drawn in one case of six otherwise,
+# too rarely for its 30 instance rows to reach every floor, and the 16-row instances need
+# whole-row plans with gqa > 8: a quarter of the processes aim at the former, one in eight at
+# the latter.
+aims=(- - - "--kernel cuda_core" - "--rows whole --min-gqa 9" - "--kernel cuda_core")
+declare -A aim_of
 start=$(date +%s)
 logs=()  # this campaign's (an earlier one's logs in $OUT stay out of the tables)
 for ((i = 0; i < procs; ++i)); do
   seed=$((first_seed + i))
   logs+=("$out/campaign/fuzz-$seed.log")
+  aim_of[$seed]=${aims[i % ${#aims[@]}]}
+  aim_flags=()
+  [[ ${aim_of[$seed]} == - ]] || read -ra aim_flags <<<"${aim_of[$seed]}"
   if ((${#gpus[@]} > 0)); then
     gpu_of[$seed]=${gpus[i % ${#gpus[@]}]}
     env CUDA_VISIBLE_DEVICES="${gpu_of[$seed]}" "$build/bin/kvlayer" fuzz --cases 1000000 \
-      --minutes "$minutes" --seed "$seed" --replay-dir "$out/campaign" \
+      --minutes "$minutes" --seed "$seed" --replay-dir "$out/campaign" "${aim_flags[@]}" \
       >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
   else
     gpu_of[$seed]=-
     "$build/bin/kvlayer" fuzz --cases 1000000 --minutes "$minutes" --seed "$seed" \
-      --replay-dir "$out/campaign" >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
+      --replay-dir "$out/campaign" "${aim_flags[@]}" >"$out/campaign/fuzz-$seed.log" 2>/dev/null &
   fi
 done
 wait
@@ -49,7 +60,8 @@ per_min() { echo $(($1 * 60 / (secs > 0 ? secs : 1))); }
 total=0
 failed=0
 declare -A gpu_procs gpu_cases gpu_failed
-printf '%-8s %4s %8s %10s %9s %12s %s\n' seed gpu cases cases/min failures bytes "worst error/bound"
+printf '%-8s %4s %-32s %8s %10s %9s %12s %s\n' seed gpu aim cases cases/min failures bytes \
+  "worst error/bound"
 for f in "${logs[@]}"; do
   seed=${f##*/fuzz-}
   seed=${seed%.log}
@@ -59,7 +71,8 @@ for f in "${logs[@]}"; do
   fails=$(awk '$1 == "failures" {print $2}' "$f")
   bytes=$(awk '$1 == "bytes" && $2 == "compared" {print $3}' "$f")
   worst=$(awk -F'  +' '/largest decode error\/bound/ {print $3}' "$f")
-  printf '%-8s %4s %8s %10s %9s %12s %s\n' "$seed" "$gpu" "${cases:-?}" "${rate:-?}" "${fails:-?}" "${bytes:-?}" "${worst:-?}"
+  printf '%-8s %4s %-32s %8s %10s %9s %12s %s\n' "$seed" "$gpu" "${aim_of[$seed]}" "${cases:-?}" \
+    "${rate:-?}" "${fails:-?}" "${bytes:-?}" "${worst:-?}"
   total=$((total + ${cases:-0}))
   gpu_procs[$gpu]=$((${gpu_procs[$gpu]:-0} + 1))
   gpu_cases[$gpu]=$((${gpu_cases[$gpu]:-0} + ${cases:-0}))

@@ -198,7 +198,8 @@ Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads) {
   };
   g.max_ctx = draw_ctx();
   const int layout = *rc::gen::element(0, 1, 2);  // flat, flat windowed, ring: uniformly
-  if (layout == 1) g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, g.max_ctx + 8));
+  if (layout == 1)
+    g.window = *rc::gen::inRange<std::int64_t>(1, std::max<std::int64_t>(2, g.max_ctx + 8));
   if (layout == 2) {
     // Mostly rings much shorter than max_ctx, so that they rebase many times per case; appends
     // of up to ~100 rows now and then, so that a rebase moves base by several 32-row units.
@@ -236,6 +237,7 @@ DecodeChoice draw_decode_choice(const DrawLimits& limits) {
   if (const int v = *rc::gen::inRange(0, 4); v >= 2)
     d.max_verify_splits = v == 2 ? 1 : *rc::gen::inRange(2, 9);
   if (limits.rows) d.rows = limits.rows;
+  if (limits.kernel) d.kernel = limits.kernel;
   return d;
 }
 
@@ -272,5 +274,7 @@ void model_based_property(const PropertyOptions& options) {
 
 namespace kvlayer {
 /// Lets rapidcheck print the dtype it drew.
-void showValue(DType t, std::ostream& os) { os << dtype_name(t); }
+void showValue(DType t, std::ostream& os) {
+  os << dtype_name(t);
+}
 }  // namespace kvlayer

@@ -317,12 +317,15 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
       {{"fuzz", "--bogus"},
        2,
        "kvlayer fuzz: unknown option '--bogus' (options: --cases, --minutes, --seed, --max-size, "
-       "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --reference-only, "
+       "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --kernel, --reference-only, "
        "--require-coverage, --help)\n"},
       {{"fuzz", "--head-dim", "96"}, 2, "kvlayer fuzz: --head-dim '96' must be 64, 128 or 256\n"},
       {{"fuzz", "--rows", "halves"},
        2,
        "kvlayer fuzz: --rows 'halves' must be auto, split or whole\n"},
+      {{"fuzz", "--kernel", "tensor"},
+       2,
+       "kvlayer fuzz: --kernel 'tensor' must be mma or cuda_core\n"},
       {{"fuzz", "--min-gqa", "9", "--max-gqa", "4"},
        2,
        "kvlayer fuzz: --max-gqa '4' must be an integer in [9, 16]\n"},

@@ -24,7 +24,7 @@ namespace {
 constexpr std::string_view kUsage =
     "usage: kvlayer fuzz [--cases N] [--minutes M] [--seed S] [--max-size N]\n"
     "                    [--replay-dir DIR] [--reference-only] [--require-coverage]\n"
-    "                    [--head-dim D] [--min-gqa G] [--max-gqa G] [--rows R]\n"
+    "                    [--head-dim D] [--min-gqa G] [--max-gqa G] [--rows R] [--kernel K]\n"
     "  Runs random command sequences (append, append_dc(w), inc_seqlen, reserve, rewind,\n"
     "  decode variants, physical_rows, captured graph chains, status) on the reference and\n"
     "  the CUDA KvLayer, comparing planes, counters, status and decode outputs after every\n"
@@ -36,9 +36,10 @@ constexpr std::string_view kUsage =
     "  --max-size N     rapidcheck size: longest sequences (default 150)\n"
     "  --replay-dir D   where a failing case's replay file goes (default .); an existing,\n"
     "                   writable directory, checked before the first case\n"
-    "  --head-dim D, --min-gqa G, --max-gqa G, --rows auto|split|whole\n"
-    "                   draw only cases of head dim D, gqa in [G, G], that row choice (aims a\n"
-    "                   campaign at some kernel instances; tools/mutants runs one per instance)\n"
+    "  --head-dim D, --min-gqa G, --max-gqa G, --rows auto|split|whole, --kernel mma|cuda_core\n"
+    "                   draw only cases of head dim D, gqa in [G, G], that row choice, that\n"
+    "                   kernel family (aims a campaign at some kernel instances; tools/mutants\n"
+    "                   runs one per instance, tools/device-campaign.sh aims some processes)\n"
     "  --require-coverage  with the CUDA side: fail (exit 1) when a coverage floor is not met\n"
     "                   (every selectable kernel instance run with 1, 2 and >= 3 key-loop\n"
     "                   trips per warp; a merge over 256 splits, a verify of T > 16, a ring\n"
@@ -208,7 +209,7 @@ void print_mutant_note(const SystemChoice& choice) {
 int run_fuzz(const std::vector<std::string>& args) {
   const Options o(args,
                   {"cases", "minutes", "seed", "max-size", "replay-dir", "head-dim", "min-gqa",
-                   "max-gqa", "rows"},
+                   "max-gqa", "rows", "kernel"},
                   {"reference-only", "require-coverage"});
   harness::CampaignConfig config;
   config.cases = o.integer("cases", 300, 1, 1'000'000'000);
@@ -233,6 +234,14 @@ int run_fuzz(const std::vector<std::string>& args) {
       config.limits.rows = harness::DecodeChoice::Rows::whole;
     else
       throw UsageError("--rows '" + *rows + "' must be auto, split or whole");
+  }
+  if (const auto kernel = o.get("kernel")) {
+    if (*kernel == "mma")
+      config.limits.kernel = harness::DecodeChoice::Kernel::mma;
+    else if (*kernel == "cuda_core")
+      config.limits.kernel = harness::DecodeChoice::Kernel::cuda_core;
+    else
+      throw UsageError("--kernel '" + *kernel + "' must be mma or cuda_core");
   }
   // Before anything runs: a failure found later must have somewhere to go.
   harness::check_replay_dir(config.replay_dir);

@@ -36,16 +36,17 @@ struct DrawLimits {
   int max_verify = 64;  ///< a case's max_verify is 16 half the time, else drawn up to this
   /// Restrictions that aim a campaign at some kernel instances (tools/mutants runs a mutant
   /// once per instance): 0 draws any supported head dim; gqa within [min_gqa, max_gqa]; a set
-  /// row choice replaces the drawn one.
+  /// row choice or kernel family replaces the drawn one (and is recorded in the case).
   int head_dim = 0;
   int min_gqa = 1, max_gqa = 16;
   std::optional<DecodeChoice::Rows> rows;
+  std::optional<DecodeChoice::Kernel> kernel;
 };
 
 /// What the property needs besides rapidcheck.
 struct PropertyOptions {
-  SystemFactory make_system;            ///< empty: the reference runs alone
-  std::string replay_path;              ///< where a failing case is written (empty: nowhere)
+  SystemFactory make_system;  ///< empty: the reference runs alone
+  std::string replay_path;    ///< where a failing case is written (empty: nowhere)
   DrawLimits limits;
   std::function<void(const Stats&)> on_case_done;  ///< called after every passing case
   /// Called after every passing case with the case and the commands it ran.
