@@ -317,12 +317,16 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
       {{"fuzz", "--bogus"},
        2,
        "kvlayer fuzz: unknown option '--bogus' (options: --cases, --minutes, --seed, --max-size, "
-       "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --kernel, --reference-only, "
+       "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --kernel, --longest, "
+       "--reference-only, "
        "--require-coverage, --help)\n"},
       {{"fuzz", "--head-dim", "96"}, 2, "kvlayer fuzz: --head-dim '96' must be 64, 128 or 256\n"},
       {{"fuzz", "--rows", "halves"},
        2,
        "kvlayer fuzz: --rows 'halves' must be auto, split or whole\n"},
+      {{"fuzz", "--longest", "0"},
+       2,
+       "kvlayer fuzz: --longest '0' must be an integer in [1, 131072]\n"},
       {{"fuzz", "--kernel", "tensor"},
        2,
        "kvlayer fuzz: --kernel 'tensor' must be mma or cuda_core\n"},

@@ -25,6 +25,7 @@ constexpr std::string_view kUsage =
     "usage: kvlayer fuzz [--cases N] [--minutes M] [--seed S] [--max-size N]\n"
     "                    [--replay-dir DIR] [--reference-only] [--require-coverage]\n"
     "                    [--head-dim D] [--min-gqa G] [--max-gqa G] [--rows R] [--kernel K]\n"
+    "                    [--longest N]\n"
     "  Runs random command sequences (append, append_dc(w), inc_seqlen, reserve, rewind,\n"
     "  decode variants, physical_rows, captured graph chains, status) on the reference and\n"
     "  the CUDA KvLayer, comparing planes, counters, status and decode outputs after every\n"
@@ -40,6 +41,8 @@ constexpr std::string_view kUsage =
     "                   draw only cases of head dim D, gqa in [G, G], that row choice, that\n"
     "                   kernel family (aims a campaign at some kernel instances; tools/mutants\n"
     "                   runs one per instance, tools/device-campaign.sh aims some processes)\n"
+    "  --longest N      draw no view longer than N keys (default 131072: short, medium and\n"
+    "                   long views; tools/mutants uses 8192, whose cases and shrinks are fast)\n"
     "  --require-coverage  with the CUDA side: fail (exit 1) when a coverage floor is not met\n"
     "                   (every selectable kernel instance run with 1, 2 and >= 3 key-loop\n"
     "                   trips per warp; a merge over 256 splits, a verify of T > 16, a ring\n"
@@ -209,7 +212,7 @@ void print_mutant_note(const SystemChoice& choice) {
 int run_fuzz(const std::vector<std::string>& args) {
   const Options o(args,
                   {"cases", "minutes", "seed", "max-size", "replay-dir", "head-dim", "min-gqa",
-                   "max-gqa", "rows", "kernel"},
+                   "max-gqa", "rows", "kernel", "longest"},
                   {"reference-only", "require-coverage"});
   harness::CampaignConfig config;
   config.cases = o.integer("cases", 300, 1, 1'000'000'000);
@@ -234,6 +237,13 @@ int run_fuzz(const std::vector<std::string>& args) {
       config.limits.rows = harness::DecodeChoice::Rows::whole;
     else
       throw UsageError("--rows '" + *rows + "' must be auto, split or whole");
+  }
+  if (o.get("longest")) {
+    harness::DrawLimits& l = config.limits;
+    const std::int64_t n = o.integer("longest", l.long_ctx, 1, l.long_ctx);
+    l.max_ctx = std::min(l.max_ctx, n);
+    l.medium_ctx = std::min(l.medium_ctx, n);  // not drawn when not above max_ctx
+    l.long_ctx = n < l.long_ctx_min ? 0 : n;   // not drawn when 0
   }
   if (const auto kernel = o.get("kernel")) {
     if (*kernel == "mma")
