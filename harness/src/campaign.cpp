@@ -121,6 +121,9 @@ CampaignResult run_campaign(const CampaignConfig& config) {
       }
     };
     const auto property = [&] {
+      // Past the time limit the batch's remaining cases run nothing and are not counted: a
+      // batch of long-view cases can take minutes, and --minutes is what a campaign plans by.
+      if (!shrinking && config.minutes > 0 && elapsed_minutes() >= config.minutes) return;
       try {
         model_based_property(options);
       } catch (...) {
