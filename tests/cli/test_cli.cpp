@@ -164,11 +164,11 @@ TEST_F(Cli, UnknownCommand) {
   EXPECT_EQ(r.status, 2);
 #ifdef KVLAYER_CLI_HAS_BENCH
   const std::string commands =
-      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, bench, soak, probe, "
-      "snapshot-bench";
+      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, sensitivity, bench, "
+      "soak, probe, snapshot-bench";
 #else
   const std::string commands =
-      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo";
+      "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, sensitivity";
 #endif
   EXPECT_EQ(r.err, "kvlayer: unknown command 'frobnicate' (commands: " + commands +
                        "; see kvlayer --help)\n");
@@ -185,6 +185,35 @@ TEST_F(Cli, SnapshotBenchRefusesBadSizesBeforeTouchingTheGpu) {
   EXPECT_EQ(r.err, "kvlayer snapshot-bench: --len '0' must be an integer in [1, 16777216]\n");
 }
 #endif
+
+// The sweep at 1K keys (every supported head dim, both data kinds): its own attention of fp16(q)
+// is the reference's õ (self-check), fp16(q) alone stays inside the bound, and a dropped last key
+// leaves the bound on peaked data (its dominant key) while the planted 2^-k errors are reported.
+TEST_F(Cli, SensitivitySweepAtOneThousandKeys) {
+  const Result r = run({"sensitivity", "--longest", "1024"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  std::istringstream lines(r.out);
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    if (line.find("of the bound") == std::string::npos) continue;
+    ++rows;
+    std::istringstream f(line);
+    std::string d, keys, data;
+    f >> d >> keys >> data;
+    std::vector<std::string> cells;
+    for (std::string c; f >> c;) cells.push_back(c);
+    // 4 plants, drop first, drop last, no plant, self-check, "of", "the", "bound"
+    ASSERT_EQ(cells.size(), 11u) << line;
+    EXPECT_EQ(keys, "1024") << line;
+    EXPECT_LT(std::stod(cells[7]), 1e-9) << "self-check: " << line;
+    EXPECT_LT(std::stod(cells[6]), 1.0) << "fp16(q) alone left the bound: " << line;
+    if (data == "peaked") {
+      EXPECT_GT(std::stod(cells[5]), 1.0) << "drop last missed: " << line;
+    }
+  }
+  EXPECT_EQ(rows, 6) << r.out;  // 3 head dims x 2 data kinds
+}
 
 TEST_F(Cli, PerCommandHelp) {
   for (const char* c : {"quantize", "dequantize", "selfcheck", "inspect", "snapshot-demo"}) {

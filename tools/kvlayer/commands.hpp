@@ -66,6 +66,7 @@ const Command& fuzz_command();
 const Command& replay_command();
 const Command& inspect_command();
 const Command& snapshot_demo_command();
+const Command& sensitivity_command();
 #ifdef KVLAYER_WITH_CUDA
 const Command& bench_command();
 const Command& soak_command();

@@ -23,6 +23,7 @@ constexpr CommandFactory kCommands[] = {
     &replay_command,
     &inspect_command,
     &snapshot_demo_command,
+    &sensitivity_command,
 #ifdef KVLAYER_WITH_CUDA
     &bench_command,
     &soak_command,

@@ -1,0 +1,298 @@
+// kvlayer sensitivity: how small a systematic error the decode check would catch, per view
+// length, head dim and data kind, on the reference (issue #34's sweep; the GPU version plants
+// the same errors in the kernels). For each configuration it builds a one-KV-head layer (gqa
+// 8), computes the float64 decode o and its bound (ref::decode_bound, a nominal tensor-core
+// accumulation shape), then plants each error of relative size 2^-k in a float64 attention of
+// fp16(q) over the same dequantized cache (what a GPU exact but for the planted error would
+// output) and reports the smallest k whose output leaves o's bound somewhere ("caught"). A real
+// GPU adds its own rounding, which can move an element either way. A verify row is a decode of its
+// own view with its own bound, so the table holds for verify rows as well.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "commands.hpp"
+#include "kvlayer/cuda/limits.hpp"
+#include "kvlayer/error.hpp"
+#include "kvlayer/half.hpp"
+#include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/reference/kv_layer.hpp"
+
+namespace kvlayer::cli {
+namespace {
+
+constexpr int kGqa = 8;
+constexpr int kFirstExponent = 8, kLastExponent = 14;  // planted errors 2^-8 … 2^-14
+constexpr std::int64_t kBuckets[] = {1024, 4096, 16384, 65536, 131072};
+constexpr std::int64_t kChunk = 4096;
+
+enum class Data { normal, peaked };
+const char* data_name(Data d) {
+  return d == Data::normal ? "normal" : "peaked";
+}
+
+/// The planted errors, each a closed form on the float64 attention's parts (A = Σ w·v, L = Σ w
+/// with w = e^(s − max s), and the same sums over the last split: A_s, L_s).
+enum class Plant { scale, split_weight, pv_split, v_dequant };
+constexpr Plant kPlants[] = {Plant::scale, Plant::split_weight, Plant::pv_split, Plant::v_dequant};
+const char* plant_name(Plant p) {
+  switch (p) {
+    case Plant::scale:
+      return "softmax scale";
+    case Plant::split_weight:
+      return "last split's merge weight";
+    case Plant::pv_split:
+      return "last split's P.V";
+    default:
+      return "V dequantization";
+  }
+}
+
+/// A nominal tensor-core plan's accumulation (the bound's shape): up to 128 splits of ≥ 64
+/// keys, 16-key tiles, 64 keys per chained PV mma step per warp.
+AccumulationShape nominal_shape(std::int64_t keys, std::int64_t* keys_per_split) {
+  const std::int64_t splits = std::clamp<std::int64_t>((keys + 63) / 64, 1, 128);
+  const std::int64_t per = ((keys + splits - 1) / splits + 15) / 16 * 16;
+  *keys_per_split = per;
+  AccumulationShape s;
+  s.max_keys_per_split = per;
+  s.n_splits = (keys + per - 1) / per;
+  s.rescales = (per + 15) / 16 + 1;
+  s.tensor_core = true;
+  s.pv_mma_steps = (per + 63) / 64;
+  return s;
+}
+
+/// One configuration's layer, queries and float64 parts.
+struct Setup {
+  Geometry g;
+  std::vector<float> q;    ///< [kGqa, head_dim]
+  std::vector<float> q16;  ///< q rounded to fp16, as every kernel takes it (rounding point (1))
+  std::optional<ref::KvLayer> layer;
+};
+
+Setup build(int head_dim, std::int64_t keys, Data data, std::mt19937_64& rng) {
+  Setup s;
+  s.g.n_kv_heads = 1;
+  s.g.head_dim_k = s.g.head_dim_v = head_dim;
+  s.g.max_ctx = keys;
+  s.layer.emplace(s.g);
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  const int D = head_dim;
+  // Peaked data: a unit direction u; four needle keys k = g·u, so that a query near √D·u
+  // scores them g = 11 … 14 above a bulk of scores ~ N(0, 1) (at 128K keys the bulk still holds
+  // about a quarter of the weight); the needles sit at the first key, the middle, three quarters
+  // in and at the last key (the last split's only one), and their values are ±4 on a random sign
+  // pattern, so that a shift of weight between them moves every output element.
+  std::vector<float> u(static_cast<std::size_t>(D)), signs(static_cast<std::size_t>(D));
+  double norm = 0;
+  for (float& x : u) {
+    x = normal(rng);
+    norm += double(x) * x;
+  }
+  for (float& x : u) x = float(x / std::sqrt(norm));
+  for (float& x : signs) x = uniform(rng) < 0 ? -1.0f : 1.0f;
+  const std::int64_t needles[] = {0, keys / 2, keys * 3 / 4, keys - 1};
+  for (std::int64_t at = 0; at < keys; at += kChunk) {
+    const std::int64_t n = std::min(kChunk, keys - at);
+    std::vector<float> k(std::size_t(n * D)), v(std::size_t(n * D));
+    for (float& x : k) x = normal(rng);
+    for (float& x : v) x = normal(rng);
+    if (data == Data::peaked)
+      for (int j = 0; j < 4; ++j) {
+        const std::int64_t row = needles[j] - at;
+        if (row < 0 || row >= n) continue;
+        for (int d = 0; d < D; ++d) {
+          k[std::size_t(row * D + d)] = float(11 + j) * u[std::size_t(d)];
+          v[std::size_t(row * D + d)] = (j % 2 ? -4.0f : 4.0f) * signs[std::size_t(d)];
+        }
+      }
+    s.layer->append(ref::RowsView{k.data(), v.data(), n, DType::f32});
+  }
+  s.q.resize(std::size_t(kGqa * D));
+  for (int h = 0; h < kGqa; ++h)
+    for (int d = 0; d < D; ++d)
+      s.q[std::size_t(h * D + d)] =
+          data == Data::peaked
+              ? float(std::sqrt(double(D)) * (u[std::size_t(d)] + 0.1 * normal(rng) / std::sqrt(D)))
+              : uniform(rng);
+  for (const float x : s.q) s.q16.push_back(f16_bits_to_f32(f32_to_f16_bits(x)));
+  return s;
+}
+
+/// The float64 attention of every query head over the whole view, by parts: the sums over all
+/// keys and over the last split, for the closed forms of the planted errors.
+struct Parts {
+  // [head][e]
+  std::vector<std::vector<double>> a, a_split;
+  std::vector<double> l, l_split;
+};
+
+Parts attend(const Setup& s, double scale, std::int64_t split_begin,
+             const std::vector<std::vector<double>>& k, const std::vector<std::vector<double>>& v) {
+  const int D = s.g.head_dim_k;
+  const std::int64_t n = std::int64_t(k.size());
+  Parts p;
+  p.a.assign(kGqa, std::vector<double>(std::size_t(D), 0.0));
+  p.a_split = p.a;
+  p.l.assign(kGqa, 0.0);
+  p.l_split.assign(kGqa, 0.0);
+  for (int h = 0; h < kGqa; ++h) {
+    std::vector<double> score(static_cast<std::size_t>(n));
+    double top = -INFINITY;
+    for (std::int64_t t = 0; t < n; ++t) {
+      double dot = 0;
+      for (int d = 0; d < D; ++d)
+        dot += double(s.q16[std::size_t(h * D + d)]) * k[std::size_t(t)][std::size_t(d)];
+      score[std::size_t(t)] = scale * dot;
+      top = std::max(top, score[std::size_t(t)]);
+    }
+    for (std::int64_t t = 0; t < n; ++t) {
+      const double w = std::exp(score[std::size_t(t)] - top);
+      p.l[std::size_t(h)] += w;
+      if (t >= split_begin) p.l_split[std::size_t(h)] += w;
+      for (int e = 0; e < D; ++e) {
+        const double x = w * v[std::size_t(t)][std::size_t(e)];
+        p.a[std::size_t(h)][std::size_t(e)] += x;
+        if (t >= split_begin) p.a_split[std::size_t(h)][std::size_t(e)] += x;
+      }
+    }
+  }
+  return p;
+}
+
+/// The largest |planted − clean| / bound over the output (the bound from ref::decode_bound).
+double worst_ratio(const std::vector<double>& planted, const std::vector<double>& clean,
+                   const ref::DecodeBound& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < clean.size(); ++i)
+    if (b.bound[i] > 0) worst = std::max(worst, std::fabs(planted[i] - clean[i]) / b.bound[i]);
+  return worst;
+}
+
+int run(const std::vector<std::string>& args) {
+  const Options o(args, {"longest", "seed"}, {});
+  const std::int64_t longest = o.integer("longest", kBuckets[4], 1, kBuckets[4]);
+  std::mt19937_64 rng(std::uint64_t(o.integer("seed", 1, 0, INT64_MAX)));
+  std::printf(
+      "kvlayer sensitivity: the smallest planted relative error 2^-k (k = %d..%d) whose decode "
+      "leaves the bound\n(reference, float64; 1 KV head, gqa %d; '-' none caught down to "
+      "2^-%d; drop: the largest |error|/bound when the first or last key is left out; no plant:\n"
+      "the same for fp16(q) alone, e_q/bound)\n\n",
+      kLastExponent, kFirstExponent, kGqa, kFirstExponent);
+  std::printf("%-4s %-7s %-7s", "D", "keys", "data");
+  for (Plant p : kPlants) std::printf(" %26s", plant_name(p));
+  std::printf(" %12s %12s %11s  %s\n", "drop first", "drop last", "no plant", "self-check");
+  for (const int D : cuda::kSupportedHeadDims)
+    for (const std::int64_t keys : kBuckets) {
+      if (keys > longest) continue;
+      for (const Data data : {Data::normal, Data::peaked}) {
+        const Setup s = build(D, keys, data, rng);
+        const ref::KvLayer& layer = *s.layer;
+        std::int64_t per = 0;
+        const AccumulationShape shape = nominal_shape(keys, &per);
+        const std::vector<double> clean_ref = layer.decode(s.q, kGqa, std::nullopt);
+        const ref::DecodeBound b =
+            ref::decode_bound(layer, s.q, kGqa, std::nullopt, ref::DecodeView{0, keys, 0}, shape);
+        std::vector<std::vector<double>> k(static_cast<std::size_t>(keys)),
+            v(static_cast<std::size_t>(keys));
+        for (std::int64_t t = 0; t < keys; ++t) {
+          const auto kr = layer.dequantized_head(Plane::k, t, 0);
+          const auto vr = layer.dequantized_head(Plane::v, t, 0);
+          k[std::size_t(t)].assign(kr.begin(), kr.end());
+          v[std::size_t(t)].assign(vr.begin(), vr.end());
+        }
+        const double scale = ref::default_scale(D);
+        const std::int64_t split_begin = (keys - 1) / per * per;
+        const auto output = [&](const Parts& p, double pv, double weight) {
+          // o = (A + pv·A_s + weight·A_s) / (L + weight·L_s)
+          std::vector<double> out(std::size_t(kGqa * D));
+          for (int h = 0; h < kGqa; ++h)
+            for (int e = 0; e < D; ++e)
+              out[std::size_t(h * D + e)] =
+                  (p.a[std::size_t(h)][std::size_t(e)] +
+                   (pv + weight) * p.a_split[std::size_t(h)][std::size_t(e)]) /
+                  (p.l[std::size_t(h)] + weight * p.l_split[std::size_t(h)]);
+          return out;
+        };
+        const Parts clean_parts = attend(s, scale, split_begin, k, v);
+        const std::vector<double> clean = output(clean_parts, 0, 0);
+        // The own attention of fp16(q) must be the reference's õ (same values, another
+        // summation order).
+        double self = 0;
+        for (std::size_t i = 0; i < clean.size(); ++i)
+          self = std::max(self, std::fabs(clean[i] - b.rounded[i]) / b.bound[i]);
+        std::printf("%-4d %-7lld %-7s", D, (long long)keys, data_name(data));
+        for (const Plant plant : kPlants) {
+          int caught = 0;
+          for (int e = kLastExponent; e >= kFirstExponent && caught == 0; --e) {
+            const double eps = std::ldexp(1.0, -e);
+            std::vector<double> planted;
+            switch (plant) {
+              case Plant::scale:
+                planted = output(attend(s, scale * (1 + eps), split_begin, k, v), 0, 0);
+                break;
+              case Plant::split_weight:
+                planted = output(clean_parts, 0, eps);
+                break;
+              case Plant::pv_split:
+                planted = output(clean_parts, eps, 0);
+                break;
+              case Plant::v_dequant:
+                planted = clean;
+                for (double& x : planted) x *= 1 + eps;
+                break;
+            }
+            if (worst_ratio(planted, clean_ref, b) > 1) caught = e;
+          }
+          std::printf(" %26s", caught ? ("2^-" + std::to_string(caught)).c_str() : "-");
+        }
+        for (const std::int64_t dropped : {std::int64_t(0), keys - 1}) {
+          if (keys < 2) {
+            std::printf(" %12s", "n/a");
+            continue;
+          }
+          std::vector<std::vector<double>> k2 = k, v2 = v;
+          k2.erase(k2.begin() + dropped);
+          v2.erase(v2.begin() + dropped);
+          const std::vector<double> planted = output(attend(s, scale, split_begin, k2, v2), 0, 0);
+          std::printf(" %12.3g", worst_ratio(planted, clean_ref, b));
+        }
+        std::printf(" %11.3g  %.2g of the bound\n", worst_ratio(clean, clean_ref, b), self);
+        std::fflush(stdout);
+        if (!(self < 0.01))
+          throw Error(ErrorKind::refused,
+                      "sensitivity: the sweep's own attention differs from the reference decode "
+                      "by " +
+                          std::to_string(self) + " of the bound (D " + std::to_string(D) + ", " +
+                          std::to_string(keys) + " keys)");
+      }
+    }
+  return kExitOk;
+}
+
+}  // namespace
+
+const Command& sensitivity_command() {
+  static const Command c{
+      "sensitivity", "the smallest systematic decode error the bound catches, per view length",
+      "usage: kvlayer sensitivity [--longest N] [--seed S]\n"
+      "  On the reference (float64, no GPU): for each supported head dim, view length (1K, 4K,\n"
+      "  16K, 64K, 128K keys, up to N) and data kind (normal; peaked: four dominant keys with\n"
+      "  distinct values, at the first key, the middle, three quarters in and the last key), "
+      "plants\n"
+      "  relative errors 2^-14 … 2^-8 in the softmax scale, the last split's merge weight, its\n"
+      "  P.V sum and the V dequantization, and prints the smallest one whose decode leaves\n"
+      "  ref::decode_bound somewhere, and how far outside the bound a dropped first or last key\n"
+      "  lands (> 1: caught). A self-check compares the sweep's attention with the reference.\n"
+      "  Defaults: N 131072, S 1.\n",
+      run};
+  return c;
+}
+
+}  // namespace kvlayer::cli
