@@ -25,7 +25,6 @@
 #include "kvlayer/error.hpp"
 #include "layer_state.hpp"
 #include "mutants.hpp"
-#include "plane_layout.hpp"
 #include "rebase.hpp"
 #include "ring_plan.hpp"
 
@@ -39,7 +38,6 @@ using detail::DeviceStatus;
 using detail::Placement;
 
 constexpr const char* kCtor = "cuda::KvLayer";
-static_assert(kPlaneTailBytes == detail::kPlaneTailBytes);
 
 /// Refuses every legal geometry the CUDA kernels do not support (SPEC §1), naming the value and
 /// the supported set.
@@ -94,8 +92,8 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
       geometry.window ? std::min<std::int64_t>(*geometry.window + max_verify - 1, s.rows) : s.rows;
   detail::plan_verify(s.decode_plan, max_verify, verify_view, sms);
 
-  const auto k_bytes = std::size_t(s.rows * geometry.k_tok_bytes()) + detail::kPlaneTailBytes;
-  const auto v_bytes = std::size_t(s.rows * geometry.v_tok_bytes()) + detail::kPlaneTailBytes;
+  const auto k_bytes = std::size_t(s.rows * geometry.k_tok_bytes()) + kPlaneTailBytes;
+  const auto v_bytes = std::size_t(s.rows * geometry.v_tok_bytes()) + kPlaneTailBytes;
   s.k_plane = DeviceBuffer(k_bytes);
   s.v_plane = DeviceBuffer(v_bytes);
   s.counters = DeviceBuffer(2 * sizeof(std::int32_t));
@@ -478,7 +476,7 @@ kvlayer::AccumulationShape KvLayer::verify_accumulation_shape(int T) const {
 }
 
 float KvLayer::default_scale() const {
-  return 1.0f / std::sqrt(float(s_->g.head_dim_k));
+  return kvlayer::default_scale(s_->g.head_dim_k);
 }
 
 }  // namespace kvlayer::cuda

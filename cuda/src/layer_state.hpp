@@ -14,6 +14,7 @@
 #include "counters.hpp"
 #include "decode/decode.hpp"
 #include "device_status.cuh"
+#include "kvlayer/accuracy.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
@@ -183,7 +184,7 @@ struct KvLayer::State {
     }
     a.q = q;
     a.out = out;
-    a.scale = scale.value_or(detail::default_scale_mutant(1.0f / std::sqrt(float(g.head_dim_k))));
+    a.scale = scale.value_or(detail::default_scale_mutant(kvlayer::default_scale(g.head_dim_k)));
     a.scratch = scratch.get();
     a.status = dstatus();
     KVLAYER_CUDA_TRY_NAMED(detail::launch_decode(a, decode_plan, stream), "launch_decode");

@@ -125,10 +125,6 @@ MatrixXd query_columns(std::span<const float> q, int first, int count, int head_
 
 }  // namespace
 
-float default_scale(int head_dim_k) {
-  return 1.0f / std::sqrt(float(head_dim_k));
-}
-
 void KvLayer::check_query(std::span<const float> q, int n_q_heads, const char* operation) const {
   const Geometry& g = geometry_;
   if (n_q_heads < 1 || n_q_heads % g.n_kv_heads != 0)

@@ -28,9 +28,16 @@
 //
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 namespace kvlayer {
+
+/// The default softmax scale, 1/sqrt(head_dim_k) computed in f32 (SPEC §8): the one definition
+/// the reference and the CUDA layer use.
+inline float default_scale(int head_dim_k) {
+  return 1.0f / std::sqrt(float(head_dim_k));
+}
 
 /// The GPU launch shape that enters the bound: the longest sequential accumulation and the
 /// number of partial results merged.

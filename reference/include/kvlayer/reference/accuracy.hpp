@@ -111,7 +111,7 @@ class BoundTightness {
   std::vector<std::int64_t> histogram_ = std::vector<std::int64_t>(kBins, 0);
 };
 
-/// The default softmax scale, 1/sqrt(head_dim_k) computed in f32 (SPEC §8).
-float default_scale(int head_dim_k);
+/// The default softmax scale (kvlayer/accuracy.hpp).
+using kvlayer::default_scale;
 
 }  // namespace kvlayer::ref
