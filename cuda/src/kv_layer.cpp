@@ -19,6 +19,7 @@
 #include "append_kernel.hpp"
 #include "counters.hpp"
 #include "decode/decode.hpp"
+#include "decode/view_begin.hpp"
 #include "device_status.cuh"
 #include "kvlayer/accuracy.hpp"
 #include "kvlayer/cuda/runtime.hpp"
@@ -213,8 +214,7 @@ void KvLayer::reserve(std::int64_t k) {
 
 std::pair<std::int64_t, std::int64_t> KvLayer::view() const {
   const State& s = *s_;
-  const std::int64_t begin = s.g.window ? std::max<std::int64_t>(0, s.len - *s.g.window) : 0;
-  return {begin, s.len};
+  return {detail::view_begin(s.len, 1, s.g.window.value_or(0)), s.len};
 }
 
 void KvLayer::append_dc(const RowsView& one_row) {
@@ -313,8 +313,7 @@ void KvLayer::decode_rows(const float* q, float* out, int T, std::optional<float
   State::check_decode_pointers(q, out, "decode_rows");
   s.check_verify_count(T, "decode_rows");
   if (s.len < T) refuse("decode_rows", "len ", s.len, " is less than T ", T);
-  const std::int64_t first_end = s.len - T + 1;  // query 0's view end
-  const std::int64_t begin = s.g.window ? std::max<std::int64_t>(0, first_end - *s.g.window) : 0;
+  const std::int64_t begin = detail::view_begin(s.len, T, s.g.window.value_or(0));
   if (begin < s.base)
     refuse("decode_rows", "the view of query 0 starts at logical row ", begin, ", below base ",
            s.base, " (not resident)");

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "decode/partition.hpp"
+#include "decode/view_begin.hpp"
 #include "decode_model.hpp"
 #include "decode_testbed.hpp"
 #include "kvlayer/error.hpp"
@@ -256,6 +257,20 @@ TEST(DecodePlan, IntegerSquareRootIsExact) {
       const std::uint64_t r = cuda::detail::isqrt(std::uint32_t(n));
       ASSERT_TRUE(r * r <= std::uint64_t(n) && (r + 1) * (r + 1) > std::uint64_t(n)) << n;
     }
+}
+
+// The one view start the host checks and the device use is the reference's: query 0's view of a
+// verify (decode: T = 1), with and without a window.
+TEST(DecodePlan, ViewBeginIsTheReferencesFirstView) {
+  for (const std::int64_t window : {0, 1, 5, 64, 100})
+    for (std::int64_t len = 1; len <= 300; ++len)
+      for (int T = 1; T <= 8 && T <= len; ++T) {
+        Geometry g = flat_geometry(1, 64, 64, 300);
+        if (window > 0) g.window = window;
+        ASSERT_EQ(cuda::detail::view_begin(len, T, window),
+                  ref::verify_views(g, len, 0, T).front().begin)
+            << "len " << len << " T " << T << " window " << window;
+      }
 }
 
 TEST(DecodePlan, PartitionCoversEveryViewExactly) {

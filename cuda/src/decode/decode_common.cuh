@@ -15,14 +15,15 @@
 #include "decode/partition.hpp"
 #include "device_status.cuh"
 #include "kvlayer/block_format.hpp"
+#include "kvlayer/status.hpp"
 #include "mutants.cuh"
+#include "view_begin.hpp"
 
 namespace kvlayer::cuda::detail::decode_impl {
 
 inline constexpr float kNegSentinel = -FLT_MAX;  ///< finite "minus infinity" for m
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr unsigned kFullMask = 0xffffffffu;
-inline constexpr int kDecodeViewTooLong = 3;  ///< kvlayer::DeviceErrorKind::decode_view_too_long
 
 /// The view a launch attends, resolved on the device (device-counter mode) or from the host
 /// values. Passed by value so a captured graph holds only pointers and layer constants.
@@ -57,10 +58,7 @@ __device__ inline View resolve_view(const ViewParams& p, MutantSite site) {
   }
   v.base = base;
   v.end = v.len;
-  // The first query's position + 1 − window: len − window for a decode, (len − T + 1) − window
-  // for verify.
-  const long long first_end = p.queries > 1 ? v.len - p.queries + 1 : v.len;
-  v.begin = p.window > 0 ? (first_end - p.window > 0 ? first_end - p.window : 0) : 0;
+  v.begin = view_begin(v.len, p.queries, p.window);
   if (KVLAYER_DEVICE_MUTANT(decode_window_off_by_one) && p.window > 0 && v.begin < v.len) {
     ++v.begin;  // planted bug: one key too few
     KVLAYER_MUTANT_REACHED(site);
@@ -242,7 +240,8 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   const View view = resolve_view(p.view, site);
   if (view.error) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
-      record_device_error(p.status, kDecodeViewTooLong, view.len, view.base, view.limit);
+      record_device_error(p.status, int(DeviceErrorKind::decode_view_too_long), view.len, view.base,
+                          view.limit);
     return r;
   }
   const long long n = view.end - view.begin;

@@ -39,8 +39,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   if (a.len_d == nullptr) {
     // Host mode: the same checks the device makes, made here so a bad view launches nothing.
     const long long len = a.host_len, base = a.host_base;
-    const long long first_end = T > 1 ? len - T + 1 : len;
-    const long long begin = a.window > 0 ? (first_end > a.window ? first_end - a.window : 0) : 0;
+    const long long begin = view_begin(len, T, a.window);
     if (len < 0 || len > a.max_ctx || (verify && len < T) || base < 0 || begin < base ||
         len - base > a.rows || len - begin > max_view)
       return cudaErrorInvalidValue;
