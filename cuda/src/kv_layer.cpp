@@ -285,7 +285,7 @@ void KvLayer::decode(const float* q, float* out, std::optional<float> scale) {
   if (begin < s.base)
     refuse("decode", "the view starts at logical row ", begin, ", below base ", s.base,
            " (not resident; append before decoding after a rewind this deep)");
-  s.decode(q, out, scale, false, false);
+  s.decode(q, out, scale, State::ViewSource::host);
 }
 
 void KvLayer::decode_dc(const float* q, float* out, std::optional<float> scale) {
@@ -296,7 +296,7 @@ void KvLayer::decode_dc(const float* q, float* out, std::optional<float> scale) 
   if (s.g.window)
     refuse("decode_dc", "attends [0, len_d) and ignores the window ", *s.g.window,
            "; windowed layers use decode_dcw");
-  s.decode(q, out, scale, true, false);
+  s.decode(q, out, scale, State::ViewSource::len_d);
 }
 
 void KvLayer::decode_dcw(const float* q, float* out, std::optional<float> scale) {
@@ -304,7 +304,7 @@ void KvLayer::decode_dcw(const float* q, float* out, std::optional<float> scale)
   const DeviceGuard on(s.device);
   State::check_decode_pointers(q, out, "decode_dcw");
   if (!s.g.window) refuse("decode_dcw", "the layer has no window; use decode_dc");
-  s.decode(q, out, scale, true, true);
+  s.decode(q, out, scale, State::ViewSource::len_d_and_base_d);
 }
 
 void KvLayer::decode_rows(const float* q, float* out, int T, std::optional<float> scale) {
@@ -317,7 +317,7 @@ void KvLayer::decode_rows(const float* q, float* out, int T, std::optional<float
   if (begin < s.base)
     refuse("decode_rows", "the view of query 0 starts at logical row ", begin, ", below base ",
            s.base, " (not resident)");
-  s.decode(q, out, scale, false, false, T);
+  s.decode(q, out, scale, State::ViewSource::host, T);
 }
 
 void KvLayer::decode_rows_dc(const float* q, float* out, int T, std::optional<float> scale) {
@@ -329,7 +329,7 @@ void KvLayer::decode_rows_dc(const float* q, float* out, int T, std::optional<fl
   if (s.g.window)
     refuse("decode_rows_dc", "attends [0, len_d) and ignores the window ", *s.g.window,
            "; windowed layers use decode_rows_dcw");
-  s.decode(q, out, scale, true, false, T);
+  s.decode(q, out, scale, State::ViewSource::len_d, T);
 }
 
 void KvLayer::decode_rows_dcw(const float* q, float* out, int T, std::optional<float> scale) {
@@ -338,7 +338,7 @@ void KvLayer::decode_rows_dcw(const float* q, float* out, int T, std::optional<f
   State::check_decode_pointers(q, out, "decode_rows_dcw");
   s.check_verify_count(T, "decode_rows_dcw");
   if (!s.g.window) refuse("decode_rows_dcw", "the layer has no window; use decode_rows_dc");
-  s.decode(q, out, scale, true, true, T);
+  s.decode(q, out, scale, State::ViewSource::len_d_and_base_d, T);
 }
 
 LayerStatus KvLayer::status() const {

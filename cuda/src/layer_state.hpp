@@ -166,8 +166,15 @@ struct KvLayer::State {
     return a;
   }
 
-  void decode(const float* q, float* out, std::optional<float> scale, bool device_counters,
-              bool with_base, int queries = 0) {
+  /// Where a decode launch reads its view's length (and base) from.
+  enum class ViewSource {
+    host,              ///< the host len and base (decode, decode_rows)
+    len_d,             ///< len_d, base 0 (decode_dc, decode_rows_dc)
+    len_d_and_base_d,  ///< len_d and base_d (decode_dcw, decode_rows_dcw)
+  };
+
+  void decode(const float* q, float* out, std::optional<float> scale, ViewSource view,
+              int queries = 0) {
     detail::DecodeArgs a;
     a.queries = queries;
     a.k_plane = k_plane.as<std::uint8_t>();
@@ -175,9 +182,9 @@ struct KvLayer::State {
     a.rows = rows;
     a.max_ctx = g.max_ctx;
     a.window = g.window.value_or(0);
-    if (device_counters) {
+    if (view != ViewSource::host) {
       a.len_d = len_d();
-      a.base_d = with_base ? base_d() : nullptr;
+      a.base_d = view == ViewSource::len_d_and_base_d ? base_d() : nullptr;
     } else {
       a.host_len = len;
       a.host_base = base;
