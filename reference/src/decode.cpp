@@ -364,6 +364,7 @@ struct BoundCache {
   MatrixXdR abs_k, abs_v;
   /// 1 where |V| is in fp16's subnormal range (rounded with an absolute error of 2^-25).
   MatrixXdR v_subnormal;
+  bool any_subnormal = false;  ///< v_subnormal has a 1 (else its term is 0: not computed)
 };
 
 /// The bound of every row of `views` (q is [views.size(), n_q_heads, head_dim_k]): each
@@ -403,6 +404,7 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     h.abs_v = h.c.v.cwiseAbs();
     h.v_subnormal =
         (h.abs_v.array() > 0 && h.abs_v.array() < std::ldexp(1.0, -14)).cast<double>().matrix();
+    h.any_subnormal = h.v_subnormal.any();
   });
   detail::parallel_rows(views.size() * heads.size(), [&](std::size_t item) {
     const std::size_t row = item / heads.size();
@@ -415,32 +417,47 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     const auto k = bc.c.k.middleRows(first, n), v = bc.c.v.middleRows(first, n);
     const auto abs_k = bc.abs_k.middleRows(first, n), abs_v = bc.abs_v.middleRows(first, n);
     const std::span<const float> q_i = q.subspan(row * q_row, q_row);
-    const MatrixXd q_exact = query_columns(q_i, kv * gqa, gqa, g.head_dim_k, false);
-    const MatrixXd q16 = query_columns(q_i, kv * gqa, gqa, g.head_dim_k, true);
-    const ColumnSoftmax exact = softmax_columns(k, q_exact, s),
-                        rounded = softmax_columns(k, q16, s);
-    const MatrixXd magnitude = std::fabs(s) * (abs_k * q16.cwiseAbs());  // [keys × gqa]
-    MatrixXd deviation(n, gqa), high(n, gqa);
+    // Both queries (exact and fp16-rounded) in one product over K, both outputs in one over V,
+    // both |V| terms in one over |V|: each column is its own product (the passes over the view
+    // are what a long view's bound costs).
+    MatrixXd q_both(g.head_dim_k, 2 * gqa);
+    q_both << query_columns(q_i, kv * gqa, gqa, g.head_dim_k, false),
+        query_columns(q_i, kv * gqa, gqa, g.head_dim_k, true);
+    const ColumnSoftmax both = softmax_columns(k, q_both, s);  // columns: exact, then rounded
+    const MatrixXd magnitude =
+        std::fabs(s) * (abs_k * q_both.rightCols(gqa).cwiseAbs());  // [keys × gqa]
+    MatrixXd deviation_high(n, 2 * gqa);  // [keys × gqa] each: p̂'s deviation, its largest value
     for (int j = 0; j < gqa; ++j) {
-      const Eigen::VectorXd x = rounded.scores.col(j).array() - rounded.top(j);
+      const Eigen::VectorXd x = both.scores.col(gqa + j).array() - both.top(gqa + j);
       const Eigen::VectorXd delta =
           magnitude.col(j) * dot + (8 * u32 * (1.0 + x.array().abs())).matrix();
       Eigen::VectorXd lo, hi;
       probability_range(x, delta, lo, hi);
-      const Eigen::VectorXd& p = rounded.p.col(j);
-      deviation.col(j) = (hi - p).cwiseMax(p - lo).cwiseMax(0.0);
-      high.col(j) = hi.cwiseMax(p);
+      const auto p = both.p.col(gqa + j);
+      deviation_high.col(j) = (hi - p).cwiseMax(p - lo).cwiseMax(0.0);
+      deviation_high.col(gqa + j) = hi.cwiseMax(p);
     }
-    const MatrixXd o_exact = v.transpose() * exact.p;  // [head_dim_v × gqa]
-    const MatrixXd o_rounded = v.transpose() * rounded.p;
-    const MatrixXd term_perturbation = abs_v.transpose() * deviation;
-    const MatrixXd term_v = abs_v.transpose() * high;
+    const auto high = deviation_high.rightCols(gqa);
+    const MatrixXd o_both = v.transpose() * both.p;  // [head_dim_v × 2gqa]: o, then õ
+    const auto o_exact = o_both.leftCols(gqa), o_rounded = o_both.rightCols(gqa);
+    const MatrixXd terms = abs_v.transpose() * deviation_high;  // perturbation, then |V|·p̂
+    const auto term_perturbation = terms.leftCols(gqa), term_v = terms.rightCols(gqa);
     const MatrixXd term_dequant = bc.c.v_dequant_mag.middleRows(first, n).transpose() * high;
-    const MatrixXd term_subnormal = bc.v_subnormal.middleRows(first, n).transpose() * high;
-    const Eigen::VectorXd v_sum = abs_v.colwise().sum().transpose();
-    const Eigen::VectorXd column_max = abs_v.colwise().maxCoeff().transpose();
-    const Eigen::VectorXd v_low = v.colwise().minCoeff().transpose();
-    const Eigen::VectorXd v_high = v.colwise().maxCoeff().transpose();
+    const MatrixXd term_subnormal =
+        bc.any_subnormal ? MatrixXd(bc.v_subnormal.middleRows(first, n).transpose() * high)
+                         : MatrixXd::Zero(g.head_dim_v, gqa);
+    // The view's column statistics in one pass: Σ|V|, max |V|, min V, max V.
+    Eigen::ArrayXd v_sum = Eigen::ArrayXd::Zero(g.head_dim_v),
+                   column_max = Eigen::ArrayXd::Zero(g.head_dim_v),
+                   v_low = Eigen::ArrayXd::Constant(g.head_dim_v, INFINITY),
+                   v_high = Eigen::ArrayXd::Constant(g.head_dim_v, -INFINITY);
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const Eigen::ArrayXd x = v.row(t).transpose().array();
+      v_sum += x.abs();
+      column_max = column_max.max(x.abs());
+      v_low = v_low.min(x);
+      v_high = v_high.max(x);
+    }
     for (int j = 0; j < gqa; ++j) {
       const std::size_t h = std::size_t(kv * gqa + j);
       for (int e = 0; e < g.head_dim_v; ++e) {
