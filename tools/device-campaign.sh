@@ -7,7 +7,9 @@
 #   tools/device-campaign.sh BUILD_DIR PROCESSES MINUTES [FIRST_SEED]
 # The GPUs: CUDA_VISIBLE_DEVICES' entries when it is set, else nvidia-smi's indices; when none
 # are found the processes inherit the environment unchanged (gpu "-" in the tables).
-# Failing cases' replay files and each process's summary land in $OUT (or ./campaign-out).
+# Failing cases' replay files and each process's summary land in $OUT (or ./campaign-out), and
+# all of them in $OUT/campaign-logs.tar.gz. A process stops drawing cases after MINUTES; the
+# case in flight finishes (a 128K-key case can take a minute or two): allow MINUTES + 3.
 # Each case draws its decode plan (row choice, split balance, verify split cap, kernel family),
 # so every process reaches every kernel instance; some processes aim at the rarer families by
 # their default (aims below, the "aim" column). After the tables, the coverage of all
@@ -103,4 +105,7 @@ grep -h "sides" "${logs[@]}" | sort | uniq -c
 echo
 python3 "$(dirname "$0")/campaign_coverage.py" "${logs[@]}"
 coverage=$?
+# Every process's log and replay file in one archive: a device call returns only the first few
+# files of a folder.
+tar -czf "$out/campaign-logs.tar.gz" -C "$out" campaign && echo "logs: $out/campaign-logs.tar.gz"
 [[ $failed == 0 && $coverage == 0 ]]
