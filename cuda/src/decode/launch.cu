@@ -1,6 +1,6 @@
 // launch_decode: checks a launch's plan and arguments, resolves its parameters and enqueues the
 // split kernel select_split_kernel names, then the merge (merge.cu). Host code only: the kernels
-// are behind their launchers (decode_common.cuh).
+// are behind their launchers (launchers.hpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -1,5 +1,5 @@
 // The first key a decode or verify launch attends (SPEC §8, §11): one definition for the host
-// checks (kv_layer.cpp, launch.cu) and the device's view (decode_common.cuh).
+// checks (kv_layer.cpp, launch.cu) and the device's view (view.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>  // __host__/__device__ for host compilers too

@@ -1,0 +1,39 @@
+// The online softmax every split kernel and the merge share (accuracy.hpp (2), (4)): the finite
+// minus-infinity sentinel, the warp reductions, the rescale and weight of a running state.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cfloat>
+
+namespace kvlayer::cuda::detail::decode_impl {
+
+inline constexpr float kNegSentinel = -FLT_MAX;  ///< finite "minus infinity" for m
+inline constexpr float kLog2e = 1.4426950408889634f;
+inline constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
+  return x;
+}
+
+/// Butterfly sum: every lane ends with the same, order-fixed result (f32 + is commutative).
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(kFullMask, x, off);
+  return x;
+}
+
+/// The weight of a state whose max is m once the max is m_new ≥ m (a rescale α, or a merge
+/// weight): exactly 1 when m_new == m, else IEEE exp2f((m − m_new)·log2e).
+__device__ __forceinline__ float softmax_rescale(float m, float m_new) {
+  return m_new == m ? 1.0f : exp2f((m - m_new) * kLog2e);
+}
+
+/// p of a score s under the running max m: IEEE exp2f((s − m)·log2e), in f32.
+__device__ __forceinline__ float softmax_weight(float s, float m) {
+  return exp2f((s - m) * kLog2e);
+}
+
+}  // namespace kvlayer::cuda::detail::decode_impl

@@ -1,0 +1,176 @@
+// What one split block works on, and the one place that maps a block to it: the launch
+// parameters, the scratch layout of the partial results, begin_split (KV head, split, keys,
+// query rows, partial) and the last step of a tensor-core block (its warps into the partial).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decode/partition.hpp"
+#include "decode/pdl.cuh"
+#include "decode/softmax_state.cuh"
+#include "decode/view.cuh"
+#include "device_status.cuh"
+#include "kvlayer/status.hpp"
+#include "mutants.cuh"
+
+namespace kvlayer::cuda::detail::decode_impl {
+
+/// Partial results of one (KV head, split): o[rows][D], m[rows], l[rows] at fixed offsets,
+/// rows = the query rows of a KV head (query_rows()).
+struct Scratch {
+  float* o;
+  float* m;
+  float* l;
+};
+
+__host__ __device__ inline Scratch scratch_layout(void* base, int n_kv, int n_splits, int rows,
+                                                  int d) {
+  float* f = static_cast<float*>(base);
+  const long long parts = (long long)n_kv * n_splits * rows;
+  return Scratch{f, f + parts * d, f + parts * d + parts};
+}
+
+/// Query rows per KV head: gqa for a decode, T·gqa for a verify decode; row r is query r / gqa
+/// (position len − T + r / gqa), head r % gqa of the KV head.
+__host__ __device__ inline int query_rows(long long queries, int gqa) {
+  return queries > 1 ? int(queries) * gqa : gqa;
+}
+
+/// Index of row r of KV head kv in the [T, n_q_heads, ·] layout of q and out.
+__host__ __device__ inline long long query_row_index(int r, int kv, int gqa, int n_kv) {
+  return ((long long)(r / gqa) * n_kv + kv) * gqa + r % gqa;
+}
+
+struct SplitParams {
+  ViewParams view;
+  const std::uint8_t* k_plane;
+  const std::uint8_t* v_plane;
+  long long k_tok_bytes, v_tok_bytes;
+  const float* q;
+  float scale;
+  int gqa, n_splits;
+  int split_balance;  ///< decode_keys_per_split's balance (the plan's; 0 for verify)
+  void* scratch;
+  DeviceStatus* status;
+};
+
+/// What one split block attends and where its partial goes: keys [lo, hi) at physical row
+/// key − base; its query rows [row0, row0 + nrows) of the KV head (all of them, unless a
+/// verify grid splits them over blockIdx.z), partial o[nrows][D], m[nrows], l[nrows].
+struct SplitRange {
+  int kv;  ///< the KV head (see begin_split)
+  long long lo, hi, base;
+  long long len;  ///< the view's end: the last query sits at len − 1
+  int row0, nrows;
+  float* o;
+  float* m;
+  float* l;
+  bool active;  ///< false: nothing left to do (view error recorded, empty view or empty split)
+};
+
+/// The prologue every split kernel shares (block-uniform, before any barrier): resolves and
+/// checks the view (recording a device error once), picks the block's (KV head, split) and
+/// lets the merge grid launch early (allow_merge_launch). A view of n keys needs active =
+/// ceil(n / keys_per_split) splits per KV head, at most the grid's: the blocks of linear index
+/// blockIdx.x + gridDim.x·blockIdx.y below active·n_kv take (KV head, split) = (index % n_kv,
+/// index / n_kv) and the rest have nothing to do, so that the working blocks are the first
+/// ones the GPU places, spread evenly over the SMs, and blocks placed together read the same
+/// keys of neighbouring KV heads, i.e. neighbouring bytes of the same token rows: −3 to −6% at
+/// 64K–128K keys against splits of one head placed together (bench/NOTES.md, session 14; not
+/// L2 reuse: ncu's hit rate is unchanged, so likely DRAM page locality). An active split with
+/// no keys (a planted mutant's) writes the empty partial (m = sentinel, l = 0, o = 0).
+/// tile_keys is the kernel's partition granule (decode_keys_per_split); site names the kernel
+/// (mutant reach).
+__device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys,
+                                         MutantSite site) {
+  allow_merge_launch();
+  SplitRange r{};
+  const int tid = threadIdx.x;
+  const int rows = query_rows(p.view.queries, p.gqa);
+  const int rows_per_block = verify_rows_per_block(rows, int(gridDim.z));
+  r.row0 = blockIdx.z * rows_per_block;
+  r.nrows = rows - r.row0 < rows_per_block ? rows - r.row0 : rows_per_block;
+  if (KVLAYER_DEVICE_MUTANT(verify_last_row_block_short) && p.view.queries > 16 &&
+      blockIdx.z + 1 == gridDim.z && r.nrows > 1) {
+    --r.nrows;  // planted bug: the last row block of a verify of T > 16 drops its last row
+    KVLAYER_MUTANT_REACHED(site);
+  }
+  const View view = resolve_view(p.view, site);
+  if (view.error) {
+    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
+      record_device_error(p.status, int(DeviceErrorKind::decode_view_too_long), view.len, view.base,
+                          view.limit);
+    return r;
+  }
+  const long long n = view.end - view.begin;
+  if (n <= 0) return r;  // the merge writes the all-zero output
+  // 32-bit: n ≤ 2^31 − 1 (the view checks), and 64-bit divisions sit on the critical path.
+  const auto kps =
+      static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance));
+  const unsigned active = (static_cast<unsigned>(n) + kps - 1) / kps;  // ≤ n_splits
+  const unsigned index = blockIdx.x + gridDim.x * blockIdx.y;
+  if (index >= active * gridDim.y) return r;  // not needed by this view
+  r.kv = static_cast<int>(index % gridDim.y);
+  const unsigned split = index / gridDim.y;
+  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, rows, head_dim);
+  const long long part = (long long)r.kv * p.n_splits + split;  // partial index
+  r.o = scratch.o + (part * rows + r.row0) * head_dim;
+  r.m = scratch.m + part * rows + r.row0;
+  r.l = scratch.l + part * rows + r.row0;
+  r.lo = view.begin + (long long)split * kps;
+  r.hi = split_end(r.lo, kps, view.end, site);
+  r.base = view.base;
+  r.len = view.end;
+  if (r.lo >= r.hi || r.nrows <= 0) {
+    for (int i = tid; i < r.nrows * head_dim; i += blockDim.x) r.o[i] = 0.0f;
+    for (int h = tid; h < r.nrows; h += blockDim.x) {
+      r.m[h] = kNegSentinel;
+      r.l[h] = 0.0f;
+    }
+    return r;
+  }
+  r.active = true;
+  return r;
+}
+
+/// The last step of a tensor-core split block (decode_mma.cu, decode_mma_direct.cu): merges its
+/// kWarps warps' online-softmax states into the split's partial, in f32, warps in order:
+/// m = max_w m_w, weight_w = softmax_rescale(m_w, m), l = Σ l_w·weight_w, o = Σ o_w·weight_w,
+/// for the block's r.nrows rows. m_s, l_s, w_s hold [warp][row] at row stride `heads`; o_s
+/// [warp][row] rows of `o_stride` floats. Call after a __syncthreads that made m_s, l_s and o_s
+/// visible.
+template <int kWarps, int kThreads>
+__device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int head_dim,
+                                                         int heads, const float* m_s,
+                                                         const float* l_s, float* w_s,
+                                                         const float* o_s, int o_stride) {
+  const int tid = threadIdx.x, gqa = r.nrows;
+  if (tid < gqa) {
+    float top = kNegSentinel;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) top = fmaxf(top, m_s[w * heads + tid]);
+    float den = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = m_s[w * heads + tid];
+      const float wt = softmax_rescale(mw, top);
+      w_s[w * heads + tid] = wt;
+      den = fmaf(l_s[w * heads + tid], wt, den);
+    }
+    r.m[tid] = top;
+    r.l[tid] = den;
+  }
+  __syncthreads();
+  for (int i = tid; i < gqa * head_dim; i += kThreads) {
+    const int h = i / head_dim, col = i % head_dim;
+    float num = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w)
+      num = fmaf(o_s[(w * heads + h) * o_stride + col], w_s[w * heads + h], num);
+    r.o[i] = num;
+  }
+}
+
+}  // namespace kvlayer::cuda::detail::decode_impl
