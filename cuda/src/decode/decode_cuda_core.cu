@@ -265,13 +265,10 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
           const int col = col0 + c * S::kColThreads;
           const int j = col % 32;
           const std::uint8_t* blk = vt + t * S::kVBytes + (col / 32) * kQ5_1BlockBytes;
-          const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
-          const unsigned byte = blk[8 + (j & 15)];
-          const unsigned nib = j < 16 ? (byte & 15u) : (byte >> 4);
-          const unsigned q5 = nib | (((hdr.y >> j) & 1u) << 4);
+          const uint2 hdr = q5_1_header(blk);
+          const unsigned q5 = q5_1_quant(blk[kQ5_1Nibbles + (j & 15)], hdr.y, j);
           // d·q is exact in f32, so the FMA rounds once, exactly like d·q + m (SPEC §4).
-          const float v =
-              fmaf(f16_bits(hdr.x & 0xffffu), static_cast<float>(q5), f16_bits(hdr.x >> 16));
+          const float v = fmaf(q5_1_d(hdr.x), static_cast<float>(q5), q5_1_m(hdr.x));
 #pragma unroll
           for (int k = 0; k < GPT; ++k) {
             const int g = hg + S::kHeadGroups * k;

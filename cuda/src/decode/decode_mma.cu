@@ -127,19 +127,6 @@ __device__ __forceinline__ void int8x4_to_f16x2x2(unsigned w, unsigned& lo, unsi
   hi = int8_pair_to_f16x2(u, 1);
 }
 
-/// True when the q5_1 block with header word `dm` (d | m << 16) is a canonical bad block (a
-/// non-finite d or m: its values are NaN, SPEC §3).
-__device__ __forceinline__ bool v_block_not_finite(unsigned dm) {
-  return (dm & 0x7c00u) == 0x7c00u || (dm & 0x7c000000u) == 0x7c000000u;
-}
-
-/// True when some value of the q5_1 block with header word `dm` (d | m << 16) may exceed
-/// fp16's range (|d·q + m| ≤ |d|·31 + |m|, exact enough in f32). NaN headers give false: the
-/// fp16 path propagates them as the f32 path would.
-__device__ __forceinline__ bool v_block_exceeds_f16(unsigned dm) {
-  return fabsf(f16_bits(dm & 0xffffu)) * 31.0f + fabsf(f16_bits(dm >> 16)) > 65504.0f;
-}
-
 /// PV of one 16-key warp tile on the CUDA cores, in f32, into the mma C-fragment accumulators:
 /// o[4b + jj][2r + e] (row g + 8r, column 32b + 8jj + 2t + e) += Σ_k p[row][k]·V[k][column],
 /// keys in order, p unrounded, V at its exact f32 value (SPEC §4; accuracy.hpp (3)), over the
@@ -166,15 +153,14 @@ __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float 
 #pragma unroll
     for (int b = 0; b < NB; ++b) {
       const std::uint8_t* blk = vs_base + k * kVStride + kQ5_1BlockBytes * b;
-      const uint2 hdr = *reinterpret_cast<const uint2*>(blk);  // d | m << 16, qh
-      const float d = f16_bits(hdr.x & 0xffffu), m = f16_bits(hdr.x >> 16);
+      const uint2 hdr = q5_1_header(blk);
+      const float d = q5_1_d(hdr.x), m = q5_1_m(hdr.x);
 #pragma unroll
       for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int j = 8 * jj + 2 * t + e;  // quant index = column within the block
-          const unsigned byte = blk[kQ5_1Nibbles + (j & 15)];
-          const unsigned q = ((jj < 2 ? byte : byte >> 4) & 0xfu) | (((hdr.y >> j) & 1u) << 4);
+          const unsigned q = q5_1_quant(blk[kQ5_1Nibbles + (j & 15)], hdr.y, j);
           const float v = __fadd_rn(__fmul_rn(d, float(q)), m);
 #pragma unroll
           for (int r = 0; r < R; ++r)
@@ -501,8 +487,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           const std::uint8_t* blk0 =
               vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
           const std::uint8_t* blk1 = blk0 + S::kVStride;
-          const uint2 h0 = *reinterpret_cast<const uint2*>(blk0);  // d | m << 16, qh
-          const uint2 h1 = *reinterpret_cast<const uint2*>(blk1);
+          const uint2 h0 = q5_1_header(blk0), h1 = q5_1_header(blk1);
           const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
           const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
           const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);

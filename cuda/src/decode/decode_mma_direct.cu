@@ -533,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
           const std::uint8_t* blk = row + kVSliceBytes * c;
           const uint2 hdr = load_u2(blk);
           const uint2 qs = load_u2(blk + 8 + 8 * hv);
-          const float d = f16_bits(hdr.x & 0xffffu), mv = f16_bits(hdr.x >> 16);
+          const float d = q5_1_d(hdr.x), mv = q5_1_m(hdr.x);
           const unsigned qh = hdr.y >> (8 * hv);
 #pragma unroll
           for (int m = 0; m < 8; ++m) {

@@ -180,7 +180,7 @@ __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint
     // fp16x2: 1024 + q (nibble in bits 0..3, fifth bit in bit 4) or 64 + q (nibble in bits
     // 4..7, fifth bit in bit 8), minus the bias exactly, then d·q + m rounded once (HFMA2).
     const std::uint8_t* vb = raw + S::kRawK + key * S::kVStride + kQ5_1BlockBytes * b;
-    const uint2 hdr = *reinterpret_cast<const uint2*>(vb);
+    const uint2 hdr = q5_1_header(vb);
     const uint2 qa = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles);
     const uint2 qb2 = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles + 8);
     wide = wide || v_header_maybe_wide(hdr.x);
