@@ -1,12 +1,15 @@
-// q5_1 V blocks on the device (SPEC §2, §4): the header, d and m, one quant, and the predicates
-// on a header that choose a kernel's path. The kernels assemble these into the fragment layouts
-// of their own (several quants per 32-bit word).
+// q5_1 V blocks on the device (SPEC §2, §4): the header, d and m, one quant, four quants of a
+// block in one word, two quants as an exact fp16x2 operand, and the predicates on a header that
+// choose a kernel's path.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+
+#include "decode/mma_fragments.cuh"
+#include "kvlayer/block_format.hpp"
 
 namespace kvlayer::cuda::detail::decode_impl {
 
@@ -31,6 +34,32 @@ __device__ __forceinline__ float q5_1_m(unsigned dm) {
 /// nibble for j ≥ 16, and bit j of qh.
 __device__ __forceinline__ unsigned q5_1_quant(unsigned qs_byte, unsigned qh, int j) {
   return (j < 16 ? qs_byte & 0xfu : qs_byte >> 4) | (((qh >> j) & 1u) << 4);
+}
+
+/// The 5-bit quants g, g + 8, g + 16, g + 24 of a q5_1 block in shared memory (bytes 0..3 of
+/// the result), from qs[g] (quants g | g+16 << 4), qs[g+8] (g+8 | g+24 << 4) and bits of qh.
+__device__ __forceinline__ unsigned v_quants5(const std::uint8_t* block, unsigned qh, int g) {
+  const unsigned x =
+      unsigned(block[kQ5_1Nibbles + g]) | (unsigned(block[kQ5_1Nibbles + 8 + g]) << 8);
+  return ((x | (x << 12)) & 0x0f0f0f0fu) | (((qh >> g) << 4) & 0x10101010u);
+}
+
+/// The fp16x2 of two q5_1 quants (one per 16-bit half), exactly: the nibble at bits kNibble..+3
+/// of each half of `qs` and the fifth bit at bit kQhBit of each half of `qh`. Low nibbles
+/// (kNibble 0) become fp16 1024 + q (fifth bit → bit 4, bias 0x6400), high nibbles (4) 64 + q
+/// (fifth bit → bit 8, mantissa bits 0..3 zero, bias 0x5400); the bias is subtracted exactly.
+template <int kNibble, int kQhBit>
+__device__ __forceinline__ __half2 v_quant_f16x2(unsigned qs, unsigned qh, unsigned bias) {
+  constexpr int kTarget = kNibble == 0 ? 4 : 8;  // where the high bit goes
+  const unsigned qh_at = kQhBit >= kTarget ? qh >> (kQhBit - kTarget) : qh << (kTarget - kQhBit);
+  constexpr unsigned kNibMask = kNibble == 0 ? 0x000f000fu : 0x00f000f0u;
+  constexpr unsigned kBitMask = kNibble == 0 ? 0x00100010u : 0x01000100u;
+  // x = (qs & kNibMask) | (qh_at & kBitMask) | bias in two LOP3s: the bias (no bit inside either
+  // mask) comes in a register, as a LOP3 takes one immediate.
+  unsigned y, x;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(y) : "r"(qh_at), "n"(kBitMask), "r"(bias));
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(qs), "n"(kNibMask), "r"(y));
+  return __hsub2(as_h2(x), as_h2(bias));
 }
 
 /// True when the block with header word dm is a canonical bad block (a non-finite d or m: its

@@ -5,6 +5,7 @@
 
 #include "cp_async.cuh"
 #include "decode/codec_q5_1.cuh"
+#include "decode/codec_q8_0.cuh"
 #include "decode/decode.hpp"
 #include "decode/launchers.hpp"
 #include "decode/mutant_hooks.cuh"

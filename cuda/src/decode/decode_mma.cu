@@ -112,21 +112,6 @@ __device__ __forceinline__ void mma_16816_top(float (&c)[2], unsigned a0, unsign
         "f"(0.0f));
 }
 
-/// The 5-bit quants g, g + 8, g + 16, g + 24 of a q5_1 block in shared memory (bytes 0..3 of
-/// the result), from qs[g] (quants g | g+16 << 4), qs[g+8] (g+8 | g+24 << 4) and bits of qh.
-__device__ __forceinline__ unsigned v_quants5(const std::uint8_t* block, unsigned qh, int g) {
-  const unsigned x =
-      unsigned(block[kQ5_1Nibbles + g]) | (unsigned(block[kQ5_1Nibbles + 8 + g]) << 8);
-  return ((x | (x << 12)) & 0x0f0f0f0fu) | (((qh >> g) << 4) & 0x10101010u);
-}
-
-/// Four int8 quants (one 32-bit word) → two fp16x2 (bytes 0,1 and bytes 2,3), exactly.
-__device__ __forceinline__ void int8x4_to_f16x2x2(unsigned w, unsigned& lo, unsigned& hi) {
-  const unsigned u = w ^ 0x80808080u;
-  lo = int8_pair_to_f16x2(u, 0);
-  hi = int8_pair_to_f16x2(u, 1);
-}
-
 /// PV of one 16-key warp tile on the CUDA cores, in f32, into the mma C-fragment accumulators:
 /// o[4b + jj][2r + e] (row g + 8r, column 32b + 8jj + 2t + e) += Σ_k p[row][k]·V[k][column],
 /// keys in order, p unrounded, V at its exact f32 value (SPEC §4; accuracy.hpp (3)), over the

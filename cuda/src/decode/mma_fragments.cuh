@@ -1,6 +1,7 @@
 // Register-level helpers shared by the tensor-core split kernels (decode_mma.cu,
 // decode_mma_direct.cu, decode_mma_verify.cu): the m16n8k16 f16 mma, ldmatrix, fp16x2 bit casts
-// and packing, the exact int8 → fp16 and q5_1 quant → fp16 conversions and the fragment transpose.
+// and packing, and the fragment transpose (the block formats' conversions: codec_q8_0.cuh,
+// codec_q5_1.cuh).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -55,31 +56,6 @@ __device__ __forceinline__ __half2 as_h2(unsigned bits) {
 /// fp16x2 of (lo, hi), each rounded to nearest even; lo in the low half (the lower k/n index).
 __device__ __forceinline__ unsigned pack_f16x2(float lo, float hi) {
   return h2_bits(__floats2half2_rn(lo, hi));
-}
-
-/// Bytes 2h, 2h+1 of a word of int8 quants whose sign bits are already flipped (u = w ^
-/// 0x80808080) → fp16x2, exactly: fp16 bits 0x64xx = 1024 + xx with xx = q + 128, minus 1152.
-__device__ __forceinline__ unsigned int8_pair_to_f16x2(unsigned u, int h) {
-  const unsigned biased = __byte_perm(u, 0x64646464u, h ? 0x4342 : 0x4140);
-  return h2_bits(__hsub2(as_h2(biased), as_h2(0x64806480u)));
-}
-
-/// The fp16x2 of two q5_1 quants (one per 16-bit half), exactly: the nibble at bits kNibble..+3
-/// of each half of `qs` and the fifth bit at bit kQhBit of each half of `qh`. Low nibbles
-/// (kNibble 0) become fp16 1024 + q (fifth bit → bit 4, bias 0x6400), high nibbles (4) 64 + q
-/// (fifth bit → bit 8, mantissa bits 0..3 zero, bias 0x5400); the bias is subtracted exactly.
-template <int kNibble, int kQhBit>
-__device__ __forceinline__ __half2 v_quant_f16x2(unsigned qs, unsigned qh, unsigned bias) {
-  constexpr int kTarget = kNibble == 0 ? 4 : 8;  // where the high bit goes
-  const unsigned qh_at = kQhBit >= kTarget ? qh >> (kQhBit - kTarget) : qh << (kTarget - kQhBit);
-  constexpr unsigned kNibMask = kNibble == 0 ? 0x000f000fu : 0x00f000f0u;
-  constexpr unsigned kBitMask = kNibble == 0 ? 0x00100010u : 0x01000100u;
-  // x = (qs & kNibMask) | (qh_at & kBitMask) | bias in two LOP3s: the bias (no bit inside either
-  // mask) comes in a register, as a LOP3 takes one immediate.
-  unsigned y, x;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(y) : "r"(qh_at), "n"(kBitMask), "r"(bias));
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(x) : "r"(qs), "n"(kNibMask), "r"(y));
-  return __hsub2(as_h2(x), as_h2(bias));
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl
