@@ -497,17 +497,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
         m_run[n][hh] = m_new;
         rescale = rescale || alpha[n][hh] != 1.0f;
       }
-    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0,
-                             MutantSite::decode_mma_direct)) {
-#pragma unroll
-      for (int n = 0; n < kNT; ++n)
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            o[n][m][e] =
-                pv_accumulator(o[n][m][e] * alpha[n][e & 1], MutantSite::decode_mma_direct);
-    }
+    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0, MutantSite::decode_mma_direct))
+      rescale_pv_accumulators(o, alpha, MutantSite::decode_mma_direct);
 
     // ---- PV. A tile with a V block that may leave fp16's range takes the f32 path. ----
     bool wide = false;

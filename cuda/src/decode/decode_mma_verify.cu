@@ -455,17 +455,10 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
         softmax(std::true_type{});
       else
         softmax(std::false_type{});
-      if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0 && j0 == 0, kSite)) {
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int dm = 0; dm < kDimTiles; ++dm)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              o[nt][dm][e] = pv_accumulator(o[nt][dm][e] * alpha[nt][e & 1], kSite);
-      }
+      if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0 && j0 == 0, kSite))
+        rescale_pv_accumulators(o, alpha, kSite);
 
-      // ---- PV. ----
+        // ---- PV. ----
 #pragma unroll
       for (int jj = 0; jj < kNJ; ++jj) {
         const int mt = wk + WK * (j0 + jj);

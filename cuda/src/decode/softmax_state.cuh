@@ -6,6 +6,8 @@
 
 #include <cfloat>
 
+#include "decode/mutant_hooks.cuh"
+
 namespace kvlayer::cuda::detail::decode_impl {
 
 inline constexpr float kNegSentinel = -FLT_MAX;  ///< finite "minus infinity" for m
@@ -34,6 +36,21 @@ __device__ __forceinline__ float softmax_rescale(float m, float m_new) {
 /// p of a score s under the running max m: IEEE exp2f((s − m)·log2e), in f32.
 __device__ __forceinline__ float softmax_weight(float s, float m) {
   return exp2f((s - m) * kLog2e);
+}
+
+/// The rescale of a warp's running P·V accumulators in the mma C layout, o[n][m][e] for the
+/// n-th 8-row tile's row 2t + (e & 1), by that row's α (alpha[n][e & 1]), each kept by
+/// pv_accumulator (a mutant's hook).
+template <int kN, int kM>
+__device__ __forceinline__ void rescale_pv_accumulators(float (&o)[kN][kM][4],
+                                                        const float (&alpha)[kN][2],
+                                                        MutantSite site) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n)
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][m][e] = pv_accumulator(o[n][m][e] * alpha[n][e & 1], site);
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl
