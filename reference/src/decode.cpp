@@ -59,23 +59,17 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view)
   const std::int64_t n = view.end - view.begin;
   HeadCache c{view.begin, MatrixXdR(n, g.head_dim_k), MatrixXdR(n, g.head_dim_v),
               MatrixXdR(n, g.head_dim_v)};
-  const std::int64_t k_head_bytes = g.head_dim_k / kBlockValues * kQ8_0BlockBytes;
-  const std::int64_t v_head_bytes = g.head_dim_v / kBlockValues * kQ5_1BlockBytes;
+  // One buffer per plane for the whole view (dequantized_head would allocate per row).
   std::vector<float> k(std::size_t(g.head_dim_k)), v(std::size_t(g.head_dim_v));
   for (std::int64_t t = 0; t < n; ++t) {
     const std::int64_t phys = view.begin + t - view.base;
-    const std::uint8_t* k_row =
-        layer.k_plane().data() + phys * g.k_tok_bytes() + kv_head * k_head_bytes;
-    const std::uint8_t* v_row =
-        layer.v_plane().data() + phys * g.v_tok_bytes() + kv_head * v_head_bytes;
-    dequantize_row(BlockType::q8_0, std::span<const std::uint8_t>(k_row, std::size_t(k_head_bytes)),
-                   k);
-    dequantize_row(BlockType::q5_1, std::span<const std::uint8_t>(v_row, std::size_t(v_head_bytes)),
-                   v);
+    dequantize_row(BlockType::q8_0, layer.head_bytes(Plane::k, phys, kv_head), k);
+    const std::span<const std::uint8_t> v_bytes = layer.head_bytes(Plane::v, phys, kv_head);
+    dequantize_row(BlockType::q5_1, v_bytes, v);
     for (int d = 0; d < g.head_dim_k; ++d) c.k(t, d) = k[std::size_t(d)];
     for (int b = 0; b < g.head_dim_v; b += kBlockValues) {
       const double m = q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes>(
-          v_row + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes));
+          v_bytes.data() + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes));
       for (int j = 0; j < kBlockValues; ++j) {
         const double x = v[std::size_t(b + j)];
         c.v(t, b + j) = x;

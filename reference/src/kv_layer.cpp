@@ -88,8 +88,10 @@ void KvLayer::write_rows(const RowsView& rows, std::int64_t physical_row,
     for (std::int64_t i = 0; i < g.kv_dim_v(); ++i)
       v[std::size_t(i)] = element_to_f32(rows.v, rows.dtype, r * g.kv_dim_v() + i);
     const std::int64_t p = physical_row + r;
-    std::span<std::uint8_t> k_out(k_plane_.data() + p * g.k_tok_bytes(), std::size_t(g.k_tok_bytes()));
-    std::span<std::uint8_t> v_out(v_plane_.data() + p * g.v_tok_bytes(), std::size_t(g.v_tok_bytes()));
+    std::span<std::uint8_t> k_out(k_plane_.data() + p * g.k_tok_bytes(),
+                                  std::size_t(g.k_tok_bytes()));
+    std::span<std::uint8_t> v_out(v_plane_.data() + p * g.v_tok_bytes(),
+                                  std::size_t(g.v_tok_bytes()));
     if (auto bad = quantize_row(BlockType::q8_0, k, k_out))
       keep_first(status_.data_error, DataError{logical_row + r, Plane::k, bad->block, bad->value});
     if (auto bad = quantize_row(BlockType::q5_1, v, v_out))
@@ -212,17 +214,22 @@ std::vector<float> KvLayer::dequantized_row(Plane plane, std::int64_t physical_r
   return out;
 }
 
-std::vector<float> KvLayer::dequantized_head(Plane plane, std::int64_t physical_row,
-                                             int kv_head) const {
+std::span<const std::uint8_t> KvLayer::head_bytes(Plane plane, std::int64_t physical_row,
+                                                  int kv_head) const {
   const bool is_k = plane == Plane::k;
   const std::int64_t tok = is_k ? geometry_.k_tok_bytes() : geometry_.v_tok_bytes();
   const int head_dim = is_k ? geometry_.head_dim_k : geometry_.head_dim_v;
-  const std::int64_t head_bytes = head_dim / kBlockValues * (is_k ? kQ8_0BlockBytes : kQ5_1BlockBytes);
-  std::vector<float> out(static_cast<std::size_t>(head_dim));
+  const std::int64_t head = head_dim / kBlockValues * (is_k ? kQ8_0BlockBytes : kQ5_1BlockBytes);
   const auto& bytes = is_k ? k_plane_ : v_plane_;
-  dequantize_row(is_k ? BlockType::q8_0 : BlockType::q5_1,
-                 std::span<const std::uint8_t>(bytes.data() + physical_row * tok + kv_head * head_bytes,
-                                               std::size_t(head_bytes)),
+  return {bytes.data() + physical_row * tok + kv_head * head, std::size_t(head)};
+}
+
+std::vector<float> KvLayer::dequantized_head(Plane plane, std::int64_t physical_row,
+                                             int kv_head) const {
+  const bool is_k = plane == Plane::k;
+  std::vector<float> out(
+      static_cast<std::size_t>(is_k ? geometry_.head_dim_k : geometry_.head_dim_v));
+  dequantize_row(is_k ? BlockType::q8_0 : BlockType::q5_1, head_bytes(plane, physical_row, kv_head),
                  out);
   return out;
 }

@@ -198,6 +198,9 @@ class KvLayer {
 
   /// Dequantized K (or V) of one physical row, all heads: kv_dim values.
   std::vector<float> dequantized_row(Plane plane, std::int64_t physical_row) const;
+  /// The quantized bytes of one KV head of one physical row (head_dim / 32 blocks).
+  std::span<const std::uint8_t> head_bytes(Plane plane, std::int64_t physical_row,
+                                           int kv_head) const;
   /// Dequantized K (or V) of one KV head of one physical row: head_dim values.
   std::vector<float> dequantized_head(Plane plane, std::int64_t physical_row, int kv_head) const;
 
