@@ -70,8 +70,8 @@ __device__ __forceinline__ bool v_block_not_finite(unsigned dm) {
 
 // The fp16-range predicates: the staged kernel tests the block's range in f32 (NaN headers give
 // false: its fp16 path propagates them as the f32 path would); the direct and verify kernels
-// take a conservative bit test (NaN and inf headers give true). One predicate for all is a path
-// change, to be measured and validated on the GPU.
+// take a conservative bit test (NaN and inf headers give true). One predicate for all would
+// change which path such blocks take in some kernel.
 
 /// True when some value of the block with header word dm may exceed fp16's range
 /// (|d·q + m| ≤ |d|·31 + |m|, exact enough in f32).

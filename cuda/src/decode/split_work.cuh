@@ -77,9 +77,8 @@ struct SplitRange {
 /// blockIdx.x + gridDim.x·blockIdx.y below active·n_kv take (KV head, split) = (index % n_kv,
 /// index / n_kv) and the rest have nothing to do, so that the working blocks are the first
 /// ones the GPU places, spread evenly over the SMs, and blocks placed together read the same
-/// keys of neighbouring KV heads, i.e. neighbouring bytes of the same token rows: −3 to −6% at
-/// 64K–128K keys against splits of one head placed together (bench/NOTES.md, session 14; not
-/// L2 reuse: ncu's hit rate is unchanged, so likely DRAM page locality). An active split with
+/// keys of neighbouring KV heads, i.e. neighbouring bytes of the same token rows (faster at long
+/// views than splits of one head placed together; bench/NOTES.md). An active split with
 /// no keys (a planted mutant's) writes the empty partial (m = sentinel, l = 0, o = 0).
 /// tile_keys is the kernel's partition granule (decode_keys_per_split); site names the kernel
 /// (mutant reach).
