@@ -32,10 +32,14 @@ fi
 declare -A gpu_of  # seed -> the GPU its process saw ("-": the environment unchanged)
 # Aims: process i adds aims[i mod 8]'s fuzz flags ("-": none), which each case records (its
 # replay file draws the same case). The CUDA-core family is drawn in one case of six otherwise,
-# too rarely for its 30 instance rows to reach every floor, and the 16-row instances need
-# whole-row plans with gqa > 8: a quarter of the processes aim at the former, one in eight at
-# the latter.
-aims=(- - - "--kernel cuda_core" - "--rows whole --min-gqa 9" - "--kernel cuda_core")
+# too rarely for its 15 instances (3 head dims x 5 row counts) to reach every trip floor: half
+# the processes aim at it, one head dim each (and one at gqa 2..8), with views of at most 16K
+# keys (its floors are reached at short and medium views, and those cases are fast). The
+# 16-row tensor-core instances need whole-row plans with gqa > 8: one process in eight.
+aims=(- "--kernel cuda_core --head-dim 64 --longest 16384" - \
+      "--kernel cuda_core --head-dim 128 --longest 16384" "--rows whole --min-gqa 9" \
+      "--kernel cuda_core --head-dim 256 --longest 16384" - \
+      "--kernel cuda_core --min-gqa 2 --max-gqa 8 --longest 16384")
 declare -A aim_of
 start=$(date +%s)
 logs=()  # this campaign's (an earlier one's logs in $OUT stay out of the tables)

@@ -110,6 +110,21 @@ CampaignResult run_campaign(const CampaignConfig& config) {
     options.make_system = config.make_system;
     options.replay_path = scratch;
     options.limits = config.limits;
+    options.hang_seconds = config.hang_seconds;
+    options.on_hang = [&](const Case& hung, double seconds) {
+      HangReport r;
+      r.commands = hung.commands.size();
+      if (!hung.commands.empty()) r.command = describe(hung.commands.back());
+      r.seconds = seconds;
+      r.seed = params.seed;
+      try {
+        write_replay_file(replay_path, hung);
+        r.replay_file = replay_path;
+      } catch (const Error& e) {
+        r.replay_error = e.what();
+      }
+      if (config.on_hang) config.on_hang(r);
+    };
     options.on_case_done = [&](const Stats& s) {
       if (shrinking) return;
       batch_stats.add(s);

@@ -66,11 +66,13 @@ class TimedSystem final : public System {
       ~TakeCoverage() { system.take_coverage(stats.coverage); }
     } take{inner_, stats_};
     const Stopwatch w(stats_.seconds_in_system);
+    const HangWatchdog::Call watched(watchdog_);
     return f();
   }
 
  public:
-  TimedSystem(System& inner, Stats& stats) : inner_(inner), stats_(stats) {}
+  TimedSystem(System& inner, Stats& stats, HangWatchdog* watchdog)
+      : inner_(inner), stats_(stats), watchdog_(watchdog) {}
   void append(const HostRows& rows) override { timed([&] { inner_.append(rows); }); }
   void append_dc(const HostRows& row, bool windowed) override {
     timed([&] { inner_.append_dc(row, windowed); });
@@ -112,10 +114,14 @@ class TimedSystem final : public System {
                                               bool windowed, std::optional<float> scale) override {
     return timed([&] { return inner_.graph_chain(rows, queries, windowed, scale); });
   }
-  std::vector<std::vector<float>> last_chain_eager() override { return inner_.last_chain_eager(); }
+  std::vector<std::vector<float>> last_chain_eager() override {
+    const HangWatchdog::Call watched(watchdog_);
+    return inner_.last_chain_eager();
+  }
   void clear_status() override { timed([&] { inner_.clear_status(); }); }
   Snapshot snapshot() override {
     const Stopwatch w(stats_.seconds_in_snapshots);
+    const HangWatchdog::Call watched(watchdog_);
     return inner_.snapshot();
   }
   // The layer's own snapshot and restores are calls under test, not state read-backs.
@@ -135,6 +141,7 @@ class TimedSystem final : public System {
  private:
   System& inner_;
   Stats& stats_;
+  HangWatchdog* watchdog_;  ///< null: calls are not watched
 };
 
 std::string first_byte_difference(const std::vector<std::uint8_t>& a,
@@ -182,11 +189,11 @@ double naive_output(const ref::KvLayer& m, const std::vector<float>& q, int n_q_
 
 }  // namespace
 
-Sides::Sides(const Case& c, System* system)
+Sides::Sides(const Case& c, System* system, HangWatchdog* watchdog)
     : geometry_(c.geometry),
       dtype_(c.dtype),
       n_q_heads_(c.n_q_heads),
-      timed_(system ? std::make_unique<TimedSystem>(*system, stats_) : nullptr),
+      timed_(system ? std::make_unique<TimedSystem>(*system, stats_, watchdog) : nullptr),
       system_(timed_.get()),
       model_(c.geometry, c.max_verify) {}
 
@@ -597,8 +604,8 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
   return std::nullopt;
 }
 
-Executor::Executor(const Case& c, System* system)
-    : case_(c), sides_(std::make_unique<Sides>(c, system)) {}
+Executor::Executor(const Case& c, System* system, HangWatchdog* watchdog)
+    : case_(c), sides_(std::make_unique<Sides>(c, system, watchdog)) {}
 
 Executor::~Executor() = default;
 

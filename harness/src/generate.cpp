@@ -251,7 +251,18 @@ void model_based_property(const PropertyOptions& options) {
   c.seed = draw_seed();
   RC_TAG(c.geometry.is_ring() ? "ring" : (c.geometry.window ? "flat windowed" : "flat"));
   std::unique_ptr<System> system = options.make_system ? options.make_system(c) : nullptr;
-  Executor executor(c, system.get());
+  // Set before the first call the watchdog sees; on_hang reads the commands run so far while
+  // this thread is blocked inside the hung call.
+  const Executor* running = nullptr;
+  std::optional<HangWatchdog> watchdog;
+  if (system && options.hang_seconds > 0)
+    watchdog.emplace(options.hang_seconds, [&](double seconds) {
+      Case hung = c;
+      hung.commands = running->executed();
+      if (options.on_hang) options.on_hang(hung, seconds);
+    });
+  Executor executor(c, system.get(), watchdog ? &*watchdog : nullptr);
+  running = &executor;
   GenModel model{c.geometry,
                  std::make_shared<ref::KvLayer>(twin_geometry(c.geometry), c.max_verify)};
   try {

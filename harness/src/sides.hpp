@@ -82,8 +82,9 @@ class Sides {
     std::optional<std::string> diff;
   };
 
-  /// system may be null: then only the reference runs.
-  Sides(const Case& c, System* system);
+  /// system may be null: then only the reference runs. watchdog (may be null) watches every
+  /// call into the system.
+  Sides(const Case& c, System* system, HangWatchdog* watchdog);
   Sides(const Sides&) = delete;
   Sides& operator=(const Sides&) = delete;
 

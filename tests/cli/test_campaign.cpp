@@ -2,14 +2,19 @@
 // checked before the first case, the shrunk sequence reaches on_failure before the replay file
 // is written, a write failure is named as such (the case stays in the scratch file), and the
 // result counts the passing cases that ran before the failure. A found failure is forced by a
-// system that gets every state wrong (the reference-only campaign cannot fail).
+// system that gets every state wrong (the reference-only campaign cannot fail). A system call
+// that never returns (a deadlocked kernel) is reported as a hang with its case saved, and the
+// process exits 1, instead of waiting for an outer timeout.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "kvlayer/error.hpp"
 #include "kvlayer/harness/campaign.hpp"
@@ -66,6 +71,16 @@ class ForgetfulSystem : public System {
 
  private:
   std::vector<float> outputs_;
+};
+
+/// Its first state read-back never returns, as after a deadlocked kernel.
+class HangingSystem : public ForgetfulSystem {
+ public:
+  using ForgetfulSystem::ForgetfulSystem;
+  Snapshot snapshot() override {
+    std::this_thread::sleep_for(std::chrono::hours(1));
+    return {};
+  }
 };
 
 class Campaign : public ::testing::Test {
@@ -192,6 +207,55 @@ TEST_F(Campaign, AReplayFileThatCannotBeWrittenIsNamedAndTheCaseKept) {
                                 ": cannot be written (the shrunk case is in " + scratch + ")");
   EXPECT_EQ(read_replay_file(scratch).commands.size(), r.shrunk_commands);
   EXPECT_GE(r.shrunk_commands, 1u);
+}
+
+TEST(HangWatchdog, CallsThatReturnInTimeAreNotHangs) {
+  int hangs = 0;
+  {
+    HangWatchdog watchdog(0.2, [&](double) { ++hangs; });
+    for (int i = 0; i < 5; ++i) {
+      const HangWatchdog::Call call(&watchdog);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    // Time between calls is not watched.
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    const HangWatchdog::Call unwatched(nullptr);
+  }
+  EXPECT_EQ(hangs, 0);
+}
+
+TEST(HangWatchdog, ACallPastTheLimitIsReportedAndEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "fast");
+  EXPECT_EXIT(
+      {
+        HangWatchdog watchdog(0.2, [](double seconds) {
+          std::fprintf(stderr, "hang after %.1f s\n", seconds);
+        });
+        const HangWatchdog::Call call(&watchdog);
+        std::this_thread::sleep_for(std::chrono::seconds(30));
+      },
+      ::testing::ExitedWithCode(1), "hang after 0\\.[2-9] s");
+}
+
+TEST_F(Campaign, AHungCallIsReportedWithItsCaseSavedAndEndsTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "fast");  // fork: the child writes into this test's dir_
+  const fs::path replay = dir_ / "failure-seed-5.json";
+  CampaignConfig c = config(3);
+  c.make_system = [this](const Case& k) -> std::unique_ptr<System> {
+    if (systems_made_++ < 3) return nullptr;  // three passing cases first
+    return std::make_unique<HangingSystem>(k);
+  };
+  c.hang_seconds = 0.3;
+  c.on_hang = [](const HangReport& h) {
+    std::fprintf(stderr, "hang: %s after %.1f s, %zu commands, replay %s%s\n", h.command.c_str(),
+                 h.seconds, h.commands, h.replay_file.c_str(), h.replay_error.c_str());
+  };
+  EXPECT_EXIT(run_campaign(c), ::testing::ExitedWithCode(1),
+              "hang: .+ after 0\\.[3-9] s, 1 commands, replay .*failure-seed-5\\.json\n");
+  // The hung case, unshrunk: its first command's read-back never returned.
+  ASSERT_TRUE(fs::exists(replay));
+  const Case saved = read_replay_file(replay.string());
+  EXPECT_EQ(saved.commands.size(), 1u);
 }
 
 }  // namespace

@@ -364,7 +364,7 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
        "kvlayer fuzz: --max-gqa '4' must be an integer in [9, 16]\n"},
       {{"replay"},
        2,
-       "kvlayer replay: missing FILE (usage: kvlayer replay FILE [--reference-only])\n"},
+       "kvlayer replay: missing FILE (usage: kvlayer replay FILE [--reference-only] ...)\n"},
       {{"replay", "a.json", "b.json"},
        2,
        "kvlayer replay: unexpected argument 'b.json' (options take the form --name value)\n"},

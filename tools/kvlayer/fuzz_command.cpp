@@ -25,7 +25,7 @@ constexpr std::string_view kUsage =
     "usage: kvlayer fuzz [--cases N] [--minutes M] [--seed S] [--max-size N]\n"
     "                    [--replay-dir DIR] [--reference-only] [--require-coverage]\n"
     "                    [--head-dim D] [--min-gqa G] [--max-gqa G] [--rows R] [--kernel K]\n"
-    "                    [--longest N]\n"
+    "                    [--longest N] [--hang-seconds S]\n"
     "  Runs random command sequences (append, append_dc(w), inc_seqlen, reserve, rewind,\n"
     "  decode variants, physical_rows, captured graph chains, status) on the reference and\n"
     "  the CUDA KvLayer, comparing planes, counters, status and decode outputs after every\n"
@@ -43,6 +43,10 @@ constexpr std::string_view kUsage =
     "                   runs one per instance, tools/device-campaign.sh aims some processes)\n"
     "  --longest N      draw no view longer than N keys (default 131072: short, medium and\n"
     "                   long views; tools/mutants uses 8192, whose cases and shrinks are fast)\n"
+    "  --hang-seconds S a call into the CUDA layer (state read-backs included) that has not\n"
+    "                   returned after S seconds is a hang (default 60; 0: never): the case is\n"
+    "                   saved unshrunk (a hung device cannot run the shrink), the summary says\n"
+    "                   \"failure kind  hang\" and the process exits 1 at once\n"
     "  --require-coverage  with the CUDA side: fail (exit 1) when a coverage floor is not met\n"
     "                   (every selectable kernel instance run with 1, 2 and >= 3 key-loop\n"
     "                   trips per warp; a merge over 256 splits, a verify of T > 16, a ring\n"
@@ -166,6 +170,24 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
   if (!r.stats.coverage.empty()) std::printf("%s", r.stats.coverage.table().c_str());
 }
 
+/// The summary's failure lines for a hung call (the process exits after them: the device
+/// cannot be taken back, so no totals or coverage follow).
+void print_hang(const harness::HangReport& h, const std::string& side) {
+  auto line = [](const std::string& k, const std::string& v) {
+    std::printf("  %-28s %s\n", k.c_str(), v.c_str());
+  };
+  std::printf("\nkvlayer fuzz summary\n");
+  line("sides", side);
+  line("failures", "1");
+  line("failure kind", "hang");
+  char what[200];
+  std::snprintf(what, sizeof what, "%s (no return after %.0f s; batch seed %llu)",
+                h.command.c_str(), h.seconds, (unsigned long long)h.seed);
+  line("hung command", what);
+  line("failing case", std::to_string(h.commands) + " commands (unshrunk)");
+  line("replay file", h.replay_error.empty() ? h.replay_file : "NOT WRITTEN: " + h.replay_error);
+}
+
 /// The coverage floors of a run with the CUDA side (SPEC §10.7): the instances its plans can
 /// select, for tools/campaign_coverage.py, which sums the tables of parallel processes; with
 /// --require-coverage this process's own unmet floors fail it.
@@ -212,7 +234,7 @@ void print_mutant_note(const SystemChoice& choice) {
 int run_fuzz(const std::vector<std::string>& args) {
   const Options o(args,
                   {"cases", "minutes", "seed", "max-size", "replay-dir", "head-dim", "min-gqa",
-                   "max-gqa", "rows", "kernel", "longest"},
+                   "max-gqa", "rows", "kernel", "longest", "hang-seconds"},
                   {"reference-only", "require-coverage"});
   harness::CampaignConfig config;
   config.cases = o.integer("cases", 300, 1, 1'000'000'000);
@@ -253,6 +275,8 @@ int run_fuzz(const std::vector<std::string>& args) {
     else
       throw UsageError("--kernel '" + *kernel + "' must be mma or cuda_core");
   }
+  config.hang_seconds =
+      double(o.integer("hang-seconds", std::int64_t(harness::kDefaultHangSeconds), 0, 86400));
   // Before anything runs: a failure found later must have somewhere to go.
   harness::check_replay_dir(config.replay_dir);
   const SystemChoice choice = choose_system(o.flag("reference-only"));
@@ -274,6 +298,11 @@ int run_fuzz(const std::vector<std::string>& args) {
     progress.finish();
     std::printf("\n%s\n", report.c_str());
     std::fflush(stdout);
+  };
+  // A hang ends the process from the watchdog's thread: the summary's failure lines now.
+  config.on_hang = [&](const harness::HangReport& h) {
+    progress.finish();
+    print_hang(h, choice.sides);
   };
   const harness::CampaignResult r = harness::run_campaign(config);
   progress.finish();

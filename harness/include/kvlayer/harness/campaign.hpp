@@ -3,7 +3,9 @@
 // as a replay file). Used by `kvlayer fuzz` and by the GPU property test.
 // A found failure is never lost to the file system: the replay directory is checked before the
 // first case, on_failure sees the shrunk sequence before the replay file is written, and a
-// file that cannot be written is reported in the result, not thrown.
+// file that cannot be written is reported in the result, not thrown. A system call that hangs
+// (hang_seconds) is a failure too: its case is saved unshrunk (a hung device cannot run the
+// shrink), on_hang reports it and the process exits with status 1.
 #pragma once
 
 #include <cstdint>
@@ -11,8 +13,19 @@
 #include <string>
 
 #include "kvlayer/harness/generate.hpp"
+#include "kvlayer/harness/hang_watchdog.hpp"
 
 namespace kvlayer::harness {
+
+/// A hung case: the command that did not return, and where the case went.
+struct HangReport {
+  std::string command;       ///< describe() of the hung command
+  std::size_t commands = 0;  ///< commands run, the hung one last
+  double seconds = 0;        ///< how long the call had run
+  std::uint64_t seed = 0;    ///< the batch seed
+  std::string replay_file;   ///< the unshrunk case (empty when it could not be written)
+  std::string replay_error;  ///< why not (empty: written)
+};
 
 struct CampaignConfig {
   std::uint64_t seed = 1;
@@ -28,6 +41,11 @@ struct CampaignConfig {
   /// Called once a case has failed and been shrunk (or rapidcheck gave up), with rapidcheck's
   /// report (the shrunk sequence), before the replay file is written.
   std::function<void(const std::string& report)> on_failure;
+  /// With a system: a call into it running longer than this is a hang (0: not watched).
+  double hang_seconds = kDefaultHangSeconds;
+  /// Called once on a hang, after the replay file was written (or not), on the watchdog's
+  /// thread; the process exits with status 1 when it returns.
+  std::function<void(const HangReport&)> on_hang;
 };
 
 struct CampaignResult {

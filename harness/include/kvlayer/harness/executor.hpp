@@ -12,6 +12,7 @@
 
 #include "kvlayer/harness/commands.hpp"
 #include "kvlayer/harness/coverage.hpp"
+#include "kvlayer/harness/hang_watchdog.hpp"
 #include "kvlayer/harness/system.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
@@ -55,8 +56,10 @@ class Sides;
 class Executor {
  public:
   /// system may be null: then only the reference runs, with its invariants and an
-  /// independent float64 recomputation of every decode.
-  Executor(const Case& c, System* system);
+  /// independent float64 recomputation of every decode. A watchdog, when given, watches
+  /// every call into the system (state read-backs included: a hung kernel blocks the first
+  /// synchronizing call after its launch).
+  Executor(const Case& c, System* system, HangWatchdog* watchdog = nullptr);
   ~Executor();
 
   /// Runs one command on both sides and compares. Returns the difference, if any.

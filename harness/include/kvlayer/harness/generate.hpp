@@ -51,6 +51,12 @@ struct PropertyOptions {
   std::function<void(const Stats&)> on_case_done;  ///< called after every passing case
   /// Called after every passing case with the case and the commands it ran.
   std::function<void(const Case&)> on_case_passed;
+  /// With a system: a call into it that runs longer than this is a hang (HangWatchdog);
+  /// on_hang gets the case with the commands run so far (the last one hung) and the call's
+  /// seconds, on the watchdog's thread, and the process then exits with status 1. 0: calls
+  /// are not watched.
+  double hang_seconds = 0;
+  std::function<void(const Case& hung, double seconds)> on_hang;
 };
 
 /// The body of the model-based property: draws a case with rapidcheck's generators, runs it
