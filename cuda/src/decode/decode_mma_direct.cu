@@ -619,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
       if (++s == Ring::kStages) {
         s = 0;
         if (KVLAYER_DEVICE_MUTANT(ring_parity_not_flipped))
-          KVLAYER_MUTANT_REACHED(MutantSite::decode_mma_direct);  // planted bug: waits pass early
+          KVLAYER_MUTANT_REACHED(MutantSite::decode_mma_direct);  // planted bug (deadlocks)
         else
           parity ^= 1u;
       }
