@@ -101,7 +101,7 @@ echo "bound tightness (by seed):"
 for f in "${logs[@]}"; do
   seed=${f##*/fuzz-}
   seed=${seed%.log}
-  grep -aE '^bound tightness:' "$f" | sed "s|^|  seed $seed: |" || echo "  seed $seed: (none printed)"
+  grep -aE '^(bound tightness|systematic check)' "$f" | sed "s|^|  seed $seed: |" || echo "  seed $seed: (none printed)"
 done
 echo "campaign: $procs processes x $minutes min on ${#gpus[@]} GPU(s)${gpus[*]:+ (${gpus[*]})}:" \
      "$total cases in $secs s ($(per_min "$total") cases/min overall), failing processes: $failed"

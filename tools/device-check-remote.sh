@@ -80,8 +80,9 @@ gtest_result() {
 }
 
 # run_step NAME LOG TIMEOUT CMD...: runs CMD with a timeout, appends its output to LOG under a
-# header, and records "NAME|RESULT|SECONDS" for the summary, and the "bound tightness:" lines
-# of plain test steps (the sanitizer steps rerun subsets of the same tests).
+# header, and records "NAME|RESULT|SECONDS" for the summary, and the "bound tightness:" and
+# "systematic check" lines of plain test steps (the sanitizer steps rerun subsets of the same
+# tests).
 run_step() {
   local name=$1 log=$2 limit=$3
   shift 3
@@ -95,7 +96,7 @@ run_step() {
   printf '%s|%s|%s\n' "$name" "$result" "$(awk -v a="$start" -v b="$end" 'BEGIN { printf "%.1f", b - a }')" \
     >"$results/$file"
   if [[ $name == test\ * ]]; then
-    grep -aE '^bound tightness:' "$log" | sed "s|^|$name: |" >"$work/tightness/$file" || true
+    grep -aE '^(bound tightness|systematic check)' "$log" | sed "s|^|$name: |" >"$work/tightness/$file" || true
   fi
 }
 

@@ -28,6 +28,7 @@ void Stats::add(const Stats& o) {
   seconds_in_snapshots += o.seconds_in_snapshots;
   seconds_in_bounds += o.seconds_in_bounds;
   tightness.add(o.tightness);
+  systematic.add(o.systematic);
   coverage.add(o.coverage);
   if (o.worst_error_ratio > worst_error_ratio) {
     worst_error_ratio = o.worst_error_ratio;
@@ -599,7 +600,9 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
       stats_.worst_bound = x.bound.bound[i];
     }
     stats_.tightness.record(got, x.bound, i);
+    stats_.systematic.record(got, x.bound.rounded[i], x.bound.bound[i] - x.bound.exact_q[i]);
   }
+  stats_.systematic.end_launch();
   ++stats_.decodes_compared;
   return std::nullopt;
 }

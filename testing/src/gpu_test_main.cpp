@@ -19,6 +19,8 @@ class BoundTightnessReport : public ::testing::Environment {
   void TearDown() override {
     const auto& t = kvlayer::testing::bound_tightness();
     if (t.elements() > 0) std::printf("%s\n", t.summary().c_str());
+    const auto& s = kvlayer::testing::systematic_check();
+    if (s.launches() > 0) std::printf("%s\n", s.summary().c_str());
     std::fflush(stdout);
   }
 };

@@ -347,8 +347,13 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
        2,
        "kvlayer fuzz: unknown option '--bogus' (options: --cases, --minutes, --seed, --max-size, "
        "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --kernel, --longest, "
-       "--reference-only, "
-       "--require-coverage, --help)\n"},
+       "--hang-seconds, --reference-only, --require-coverage, --help)\n"},
+      {{"fuzz", "--hang-seconds", "-1"},
+       2,
+       "kvlayer fuzz: --hang-seconds '-1' must be an integer in [0, 86400]\n"},
+      {{"replay", "a.json", "--hang-seconds", "1.5"},
+       2,
+       "kvlayer replay: --hang-seconds '1.5' must be an integer in [0, 86400]\n"},
       {{"fuzz", "--head-dim", "96"}, 2, "kvlayer fuzz: --head-dim '96' must be 64, 128 or 256\n"},
       {{"fuzz", "--rows", "halves"},
        2,

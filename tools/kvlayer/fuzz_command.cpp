@@ -167,6 +167,7 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
   }
   // Unindented, so that tools/device-campaign.sh can collect it.
   if (r.stats.tightness.elements() > 0) std::printf("%s\n", r.stats.tightness.summary().c_str());
+  if (r.stats.systematic.launches() > 0) std::printf("%s\n", r.stats.systematic.summary().c_str());
   if (!r.stats.coverage.empty()) std::printf("%s", r.stats.coverage.table().c_str());
 }
 

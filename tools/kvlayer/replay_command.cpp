@@ -24,6 +24,7 @@ constexpr std::string_view kUsage =
 /// reference alone), as the line `kvlayer fuzz` prints.
 void print_tightness(const harness::Stats& s) {
   if (s.tightness.elements() > 0) std::printf("%s\n", s.tightness.summary().c_str());
+  if (s.systematic.launches() > 0) std::printf("%s\n", s.systematic.summary().c_str());
 }
 
 int run_replay(const std::vector<std::string>& args) {

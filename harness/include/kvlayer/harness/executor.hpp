@@ -16,6 +16,7 @@
 #include "kvlayer/harness/system.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
+#include "kvlayer/reference/systematic_check.hpp"
 
 namespace kvlayer::harness {
 
@@ -35,6 +36,7 @@ struct Stats {
   double worst_error = 0;        ///< the error at that element
   double worst_bound = 0;        ///< and its bound
   ref::BoundTightness tightness; ///< over every element compared with a bound
+  ref::SystematicCheck systematic;  ///< issue #34's statistic per decode launch (report only)
   Coverage coverage;             ///< what the system's launches reached (coverage.hpp)
   /// Wall-clock seconds spent in commands, and the parts of it in the system's calls (without
   /// its state read-backs), in those read-backs (snapshots) and in the derived decode bounds.

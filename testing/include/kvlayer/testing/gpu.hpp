@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/reference/systematic_check.hpp"
 
 namespace kvlayer::testing {
 
@@ -25,6 +26,13 @@ inline bool gpu_available() {
 inline ref::BoundTightness& bound_tightness() {
   static ref::BoundTightness tightness;
   return tightness;
+}
+
+/// The process-wide statistical check (issue #34, report only) over every decode launch a test
+/// compared: record each element, end_launch() after each launch; printed beside the above.
+inline ref::SystematicCheck& systematic_check() {
+  static ref::SystematicCheck check;
+  return check;
 }
 
 }  // namespace kvlayer::testing
