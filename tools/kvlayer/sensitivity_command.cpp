@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <random>
 #include <string>
@@ -21,6 +22,11 @@
 #include "kvlayer/half.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
+#include "kvlayer/reference/systematic_check.hpp"
+
+#ifdef KVLAYER_WITH_CUDA
+#include "sensitivity_gpu.hpp"
+#endif
 
 namespace kvlayer::cli {
 namespace {
@@ -75,7 +81,11 @@ struct Setup {
   std::optional<ref::KvLayer> layer;
 };
 
-Setup build(int head_dim, std::int64_t keys, Data data, std::mt19937_64& rng) {
+/// Rows also go to `also_append` (k, v, n: host f32) when set: the GPU's layer.
+using Appender = std::function<void(const float*, const float*, std::int64_t)>;
+
+Setup build(int head_dim, std::int64_t keys, Data data, std::mt19937_64& rng,
+            const Appender& also_append) {
   Setup s;
   s.g.n_kv_heads = 1;
   s.g.head_dim_k = s.g.head_dim_v = head_dim;
@@ -113,6 +123,7 @@ Setup build(int head_dim, std::int64_t keys, Data data, std::mt19937_64& rng) {
         }
       }
     s.layer->append(ref::RowsView{k.data(), v.data(), n, DType::f32});
+    if (also_append) also_append(k.data(), v.data(), n);
   }
   s.q.resize(std::size_t(kGqa * D));
   for (int h = 0; h < kGqa; ++h)
@@ -166,6 +177,24 @@ Parts attend(const Setup& s, double scale, std::int64_t split_begin,
   return p;
 }
 
+/// With the GPU: its output plus a plant's effect (planted − clean float64 attention), the GPU
+/// exact but for its own rounding and the planted error.
+std::vector<double> on_gpu(const std::vector<float>& got, const std::vector<double>& planted,
+                           const std::vector<double>& clean) {
+  std::vector<double> out(got.size());
+  for (std::size_t i = 0; i < got.size(); ++i) out[i] = double(got[i]) + (planted[i] - clean[i]);
+  return out;
+}
+
+/// The larger |z| of the statistical check's two signatures over one launch's output.
+double launch_z(const std::vector<double>& got, const ref::DecodeBound& b) {
+  ref::SystematicCheck c;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    c.record(got[i], b.rounded[i], b.bound[i] - b.exact_q[i]);
+  return std::max(std::fabs(c.current_z(ref::SystematicCheck::output)),
+                  std::fabs(c.current_z(ref::SystematicCheck::constant)));
+}
+
 /// The largest |planted − clean| / bound over the output (the bound from ref::decode_bound).
 double worst_ratio(const std::vector<double>& planted, const std::vector<double>& clean,
                    const ref::DecodeBound& b) {
@@ -176,8 +205,12 @@ double worst_ratio(const std::vector<double>& planted, const std::vector<double>
 }
 
 int run(const std::vector<std::string>& args) {
-  const Options o(args, {"longest", "seed"}, {});
+  const Options o(args, {"longest", "seed"}, {"gpu"});
   const std::int64_t longest = o.integer("longest", kBuckets[4], 1, kBuckets[4]);
+  const bool gpu = o.flag("gpu");
+#ifndef KVLAYER_WITH_CUDA
+  if (gpu) throw UsageError("--gpu needs a build with the CUDA layer (this one has none)");
+#endif
   std::mt19937_64 rng(std::uint64_t(o.integer("seed", 1, 0, INT64_MAX)));
   std::printf(
       "kvlayer sensitivity: the smallest planted relative error 2^-k (k = %d..%d) whose decode "
@@ -185,17 +218,45 @@ int run(const std::vector<std::string>& args) {
       "2^-%d; drop: the largest |error|/bound when the first or last key is left out; no plant:\n"
       "the same for fp16(q) alone, e_q/bound)\n\n",
       kLastExponent, kFirstExponent, kGqa, kFirstExponent);
+  if (gpu)
+    std::printf(
+        "GPU mode: each plant's effect is added to the CUDA layer's own decode of the same rows\n"
+        "(its real rounding); a cell reads bound/statistic: the smallest 2^-k that leaves the\n"
+        "bound / that reaches |z| >= %g in the statistical check (report-only threshold, not yet\n"
+        "calibrated); drop and no-plant cells read |error|/bound, |z|\n\n",
+        ref::SystematicCheck::kReportZ);
   std::printf("%-4s %-7s %-7s", "D", "keys", "data");
   for (Plant p : kPlants) std::printf(" %26s", plant_name(p));
-  std::printf(" %12s %12s %11s  %s\n", "drop first", "drop last", "no plant", "self-check");
+  std::printf(" %16s %16s %16s  %s\n", "drop first", "drop last", "no plant", "self-check");
   for (const int D : cuda::kSupportedHeadDims)
     for (const std::int64_t keys : kBuckets) {
       if (keys > longest) continue;
       for (const Data data : {Data::normal, Data::peaked}) {
-        const Setup s = build(D, keys, data, rng);
+        Appender also_append;
+        std::vector<float> got;  // the GPU's decode (GPU mode)
+#ifdef KVLAYER_WITH_CUDA
+        std::optional<GpuDecode> device;
+        if (gpu) {
+          Geometry g;
+          g.n_kv_heads = 1;
+          g.head_dim_k = g.head_dim_v = D;
+          g.max_ctx = keys;
+          device.emplace(g, kGqa);
+          also_append = [&](const float* k, const float* v, std::int64_t n) {
+            device->append(k, v, n);
+          };
+        }
+#endif
+        const Setup s = build(D, keys, data, rng, also_append);
         const ref::KvLayer& layer = *s.layer;
         std::int64_t per = 0;
-        const AccumulationShape shape = nominal_shape(keys, &per);
+        AccumulationShape shape = nominal_shape(keys, &per);
+#ifdef KVLAYER_WITH_CUDA
+        if (device) {
+          got = device->decode(s.q);
+          shape = device->accumulation_shape();
+        }
+#endif
         const std::vector<double> clean_ref = layer.decode(s.q, kGqa, std::nullopt);
         const ref::DecodeBound b =
             ref::decode_bound(layer, s.q, kGqa, std::nullopt, ref::DecodeView{0, keys, 0}, shape);
@@ -229,8 +290,9 @@ int run(const std::vector<std::string>& args) {
           self = std::max(self, std::fabs(clean[i] - b.rounded[i]) / b.bound[i]);
         std::printf("%-4d %-7lld %-7s", D, (long long)keys, data_name(data));
         for (const Plant plant : kPlants) {
-          int caught = 0;
-          for (int e = kLastExponent; e >= kFirstExponent && caught == 0; --e) {
+          int caught = 0, caught_z = 0;
+          for (int e = kLastExponent;
+               e >= kFirstExponent && (caught == 0 || (gpu && caught_z == 0)); --e) {
             const double eps = std::ldexp(1.0, -e);
             std::vector<double> planted;
             switch (plant) {
@@ -248,9 +310,17 @@ int run(const std::vector<std::string>& args) {
                 for (double& x : planted) x *= 1 + eps;
                 break;
             }
-            if (worst_ratio(planted, clean_ref, b) > 1) caught = e;
+            if (!gpu) {
+              if (worst_ratio(planted, clean_ref, b) > 1) caught = e;
+              continue;
+            }
+            const std::vector<double> seen = on_gpu(got, planted, clean);
+            if (caught == 0 && worst_ratio(seen, clean_ref, b) > 1) caught = e;
+            if (caught_z == 0 && launch_z(seen, b) >= ref::SystematicCheck::kReportZ) caught_z = e;
           }
-          std::printf(" %26s", caught ? ("2^-" + std::to_string(caught)).c_str() : "-");
+          const auto cell = [](int k) { return k ? "2^-" + std::to_string(k) : std::string("-"); };
+          std::printf(" %26s",
+                      gpu ? (cell(caught) + "/" + cell(caught_z)).c_str() : cell(caught).c_str());
         }
         for (const std::int64_t dropped : {std::int64_t(0), keys - 1}) {
           if (keys < 2) {
@@ -261,9 +331,20 @@ int run(const std::vector<std::string>& args) {
           k2.erase(k2.begin() + dropped);
           v2.erase(v2.begin() + dropped);
           const std::vector<double> planted = output(attend(s, scale, split_begin, k2, v2), 0, 0);
-          std::printf(" %12.3g", worst_ratio(planted, clean_ref, b));
+          if (gpu) {
+            const std::vector<double> seen = on_gpu(got, planted, clean);
+            std::printf(" %9.3g,%6.3g", worst_ratio(seen, clean_ref, b), launch_z(seen, b));
+          } else {
+            std::printf(" %16.3g", worst_ratio(planted, clean_ref, b));
+          }
         }
-        std::printf(" %11.3g  %.2g of the bound\n", worst_ratio(clean, clean_ref, b), self);
+        if (gpu) {
+          const std::vector<double> seen(got.begin(), got.end());
+          std::printf(" %9.3g,%6.3g", worst_ratio(seen, clean_ref, b), launch_z(seen, b));
+        } else {
+          std::printf(" %16.3g", worst_ratio(clean, clean_ref, b));
+        }
+        std::printf("  %.2g of the bound\n", self);
         std::fflush(stdout);
         if (!(self < 0.01))
           throw Error(ErrorKind::refused,
@@ -281,7 +362,7 @@ int run(const std::vector<std::string>& args) {
 const Command& sensitivity_command() {
   static const Command c{
       "sensitivity", "the smallest systematic decode error the bound catches, per view length",
-      "usage: kvlayer sensitivity [--longest N] [--seed S]\n"
+      "usage: kvlayer sensitivity [--longest N] [--seed S] [--gpu]\n"
       "  On the reference (float64, no GPU): for each supported head dim, view length (1K, 4K,\n"
       "  16K, 64K, 128K keys, up to N) and data kind (normal; peaked: four dominant keys with\n"
       "  distinct values, at the first key, the middle, three quarters in and the last key), "
@@ -290,6 +371,10 @@ const Command& sensitivity_command() {
       "  P.V sum and the V dequantization, and prints the smallest one whose decode leaves\n"
       "  ref::decode_bound somewhere, and how far outside the bound a dropped first or last key\n"
       "  lands (> 1: caught). A self-check compares the sweep's attention with the reference.\n"
+      "  --gpu (CUDA builds): the same rows also in a CUDA layer; each plant's effect is added\n"
+      "  to its decode (the GPU's own rounding stays in), the bound is the launch's, and each\n"
+      "  cell also says the smallest plant the statistical check (systematic_check.hpp) sees\n"
+      "  at |z| >= 5.\n"
       "  Defaults: N 131072, S 1.\n",
       run};
   return c;
