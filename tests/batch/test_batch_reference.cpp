@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -59,11 +58,6 @@ std::vector<LayerState> states_of(const KvBatch& batch) {
   return s;
 }
 
-/// A fresh seed per run, printed with every failure.
-std::uint64_t fresh_seed() {
-  std::random_device device;
-  return (std::uint64_t(device()) << 32) ^ device();
-}
 
 /// A random active list: a random subset of [0, max_batch) in random order (empty now and then).
 std::vector<int> draw_active(int max_batch, Rng& rng) {

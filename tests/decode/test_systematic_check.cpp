@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <string>
 
 #include "kvlayer/reference/systematic_check.hpp"
@@ -15,12 +14,9 @@
 namespace kvlayer::ref {
 namespace {
 
+using testing::fresh_seed;
 using testing::Rng;
 
-std::uint64_t fresh_seed() {
-  std::random_device device;
-  return (std::uint64_t(device()) << 32) ^ device();
-}
 
 /// One launch of n elements: õ ~ U(−1, 1), got = (1 + beta)·õ + offset + noise, the noise of
 /// element e uniform with half-width 2^-k_e·(|õ| + 2^-10) (relative, with a floor), k_e drawn

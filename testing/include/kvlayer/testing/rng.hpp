@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 
 namespace kvlayer::testing {
 
@@ -39,5 +40,12 @@ class Rng {
  private:
   std::uint64_t s_;
 };
+
+/// A seed no earlier run used, for tests that draw fresh inputs each run (print it with every
+/// failure, e.g. in a SCOPED_TRACE, so that the run can be repeated).
+inline std::uint64_t fresh_seed() {
+  std::random_device device;
+  return (std::uint64_t(device()) << 32) ^ device();
+}
 
 }  // namespace kvlayer::testing
