@@ -186,13 +186,12 @@ TEST_F(Cli, SnapshotBenchRefusesBadSizesBeforeTouchingTheGpu) {
 }
 #endif
 
-// The sweep at 1K keys (every supported head dim, both data kinds): its own attention of fp16(q)
-// is the reference's õ (self-check), fp16(q) alone stays inside the bound, and a dropped last key
-// leaves the bound on peaked data (its dominant key) while the planted 2^-k errors are reported.
-TEST_F(Cli, SensitivitySweepAtOneThousandKeys) {
-  const Result r = run({"sensitivity", "--longest", "1024"});
-  ASSERT_EQ(r.status, 0) << r.err;
-  std::istringstream lines(r.out);
+// The sweep's rows at 1K keys (every supported head dim, both data kinds): its own attention of
+// fp16(q) is the reference's õ (self-check), fp16(q) alone stays inside the bound, and a dropped
+// last key leaves the bound on peaked data (its dominant key) while the planted 2^-k errors are
+// reported.
+void check_sensitivity_rows(const std::string& out) {
+  std::istringstream lines(out);
   std::string line;
   int rows = 0;
   while (std::getline(lines, line)) {
@@ -212,7 +211,21 @@ TEST_F(Cli, SensitivitySweepAtOneThousandKeys) {
       EXPECT_GT(std::stod(cells[5]), 1.0) << "drop last missed: " << line;
     }
   }
-  EXPECT_EQ(rows, 6) << r.out;  // 3 head dims x 2 data kinds
+  EXPECT_EQ(rows, 6) << out;  // 3 head dims x 2 data kinds
+}
+
+TEST_F(Cli, SensitivitySweepAtOneThousandKeys) {
+  const Result r = run({"sensitivity", "--longest", "1024"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  check_sensitivity_rows(r.out);
+}
+
+// The same for a verify of the view's last 4 positions (each row its own view and bound).
+TEST_F(Cli, SensitivitySweepOfVerifyRowsAtOneThousandKeys) {
+  const Result r = run({"sensitivity", "--longest", "1024", "--rows", "4"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("verify of T = 4 rows"), std::string::npos) << r.out;
+  check_sensitivity_rows(r.out);
 }
 
 TEST_F(Cli, PerCommandHelp) {

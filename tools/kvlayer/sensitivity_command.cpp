@@ -76,7 +76,8 @@ AccumulationShape nominal_shape(std::int64_t keys, std::int64_t* keys_per_split)
 /// One configuration's layer, queries and float64 parts.
 struct Setup {
   Geometry g;
-  std::vector<float> q;    ///< [kGqa, head_dim]
+  int rows = 1;            ///< T: 1 a decode, ≥ 2 a verify of the view's last T positions
+  std::vector<float> q;    ///< [T, kGqa, head_dim]
   std::vector<float> q16;  ///< q rounded to fp16, as every kernel takes it (rounding point (1))
   std::optional<ref::KvLayer> layer;
 };
@@ -84,9 +85,10 @@ struct Setup {
 /// Rows also go to `also_append` (k, v, n: host f32) when set: the GPU's layer.
 using Appender = std::function<void(const float*, const float*, std::int64_t)>;
 
-Setup build(int head_dim, std::int64_t keys, Data data, std::mt19937_64& rng,
+Setup build(int head_dim, std::int64_t keys, int rows, Data data, std::mt19937_64& rng,
             const Appender& also_append) {
   Setup s;
+  s.rows = rows;
   s.g.n_kv_heads = 1;
   s.g.head_dim_k = s.g.head_dim_v = head_dim;
   s.g.max_ctx = keys;
@@ -125,8 +127,8 @@ Setup build(int head_dim, std::int64_t keys, Data data, std::mt19937_64& rng,
     s.layer->append(ref::RowsView{k.data(), v.data(), n, DType::f32});
     if (also_append) also_append(k.data(), v.data(), n);
   }
-  s.q.resize(std::size_t(kGqa * D));
-  for (int h = 0; h < kGqa; ++h)
+  s.q.resize(std::size_t(rows * kGqa * D));
+  for (int h = 0; h < rows * kGqa; ++h)
     for (int d = 0; d < D; ++d)
       s.q[std::size_t(h * D + d)] =
           data == Data::peaked
@@ -136,18 +138,19 @@ Setup build(int head_dim, std::int64_t keys, Data data, std::mt19937_64& rng,
   return s;
 }
 
-/// The float64 attention of every query head over the whole view, by parts: the sums over all
-/// keys and over the last split, for the closed forms of the planted errors.
+/// The float64 attention of every query head of query row `row` over keys [0, n) of k and v, by
+/// parts: the sums over all of them and over the last split (from split_begin), for the closed
+/// forms of the planted errors.
 struct Parts {
   // [head][e]
   std::vector<std::vector<double>> a, a_split;
   std::vector<double> l, l_split;
 };
 
-Parts attend(const Setup& s, double scale, std::int64_t split_begin,
+Parts attend(const Setup& s, int row, std::int64_t n, double scale, std::int64_t split_begin,
              const std::vector<std::vector<double>>& k, const std::vector<std::vector<double>>& v) {
   const int D = s.g.head_dim_k;
-  const std::int64_t n = std::int64_t(k.size());
+  const float* q16 = s.q16.data() + std::size_t(row) * kGqa * std::size_t(D);
   Parts p;
   p.a.assign(kGqa, std::vector<double>(std::size_t(D), 0.0));
   p.a_split = p.a;
@@ -159,7 +162,7 @@ Parts attend(const Setup& s, double scale, std::int64_t split_begin,
     for (std::int64_t t = 0; t < n; ++t) {
       double dot = 0;
       for (int d = 0; d < D; ++d)
-        dot += double(s.q16[std::size_t(h * D + d)]) * k[std::size_t(t)][std::size_t(d)];
+        dot += double(q16[std::size_t(h * D + d)]) * k[std::size_t(t)][std::size_t(d)];
       score[std::size_t(t)] = scale * dot;
       top = std::max(top, score[std::size_t(t)]);
     }
@@ -205,8 +208,9 @@ double worst_ratio(const std::vector<double>& planted, const std::vector<double>
 }
 
 int run(const std::vector<std::string>& args) {
-  const Options o(args, {"longest", "seed"}, {"gpu"});
+  const Options o(args, {"longest", "seed", "rows"}, {"gpu"});
   const std::int64_t longest = o.integer("longest", kBuckets[4], 1, kBuckets[4]);
+  const int rows = int(o.integer("rows", 1, 1, cuda::kMaxVerify));
   const bool gpu = o.flag("gpu");
 #ifndef KVLAYER_WITH_CUDA
   if (gpu) throw UsageError("--gpu needs a build with the CUDA layer (this one has none)");
@@ -216,8 +220,13 @@ int run(const std::vector<std::string>& args) {
       "kvlayer sensitivity: the smallest planted relative error 2^-k (k = %d..%d) whose decode "
       "leaves the bound\n(reference, float64; 1 KV head, gqa %d; '-' none caught down to "
       "2^-%d; drop: the largest |error|/bound when the first or last key is left out; no plant:\n"
-      "the same for fp16(q) alone, e_q/bound)\n\n",
-      kLastExponent, kFirstExponent, kGqa, kFirstExponent);
+      "the same for fp16(q) alone, e_q/bound)\n%s\n",
+      kLastExponent, kFirstExponent, kGqa, kFirstExponent,
+      rows == 1 ? ""
+                : ("verify of T = " + std::to_string(rows) +
+                   " rows: every row planted, "
+                   "the largest ratio over all rows\n")
+                      .c_str());
   if (gpu)
     std::printf(
         "GPU mode: each plant's effect is added to the CUDA layer's own decode of the same rows\n"
@@ -241,25 +250,34 @@ int run(const std::vector<std::string>& args) {
           g.n_kv_heads = 1;
           g.head_dim_k = g.head_dim_v = D;
           g.max_ctx = keys;
-          device.emplace(g, kGqa);
+          device.emplace(g, kGqa, rows);
           also_append = [&](const float* k, const float* v, std::int64_t n) {
             device->append(k, v, n);
           };
         }
 #endif
-        const Setup s = build(D, keys, data, rng, also_append);
+        const Setup s = build(D, keys, rows, data, rng, also_append);
         const ref::KvLayer& layer = *s.layer;
         std::int64_t per = 0;
         AccumulationShape shape = nominal_shape(keys, &per);
 #ifdef KVLAYER_WITH_CUDA
         if (device) {
-          got = device->decode(s.q);
-          shape = device->accumulation_shape();
+          got = device->decode_rows(s.q, rows);
+          shape =
+              rows == 1 ? device->accumulation_shape() : device->verify_accumulation_shape(rows);
         }
 #endif
-        const std::vector<double> clean_ref = layer.decode(s.q, kGqa, std::nullopt);
-        const ref::DecodeBound b =
-            ref::decode_bound(layer, s.q, kGqa, std::nullopt, ref::DecodeView{0, keys, 0}, shape);
+        // Row i attends keys [0, view_end[i]): the whole view for a decode, the causal views
+        // of the last T positions for a verify (SPEC §11).
+        const std::vector<ref::DecodeView> views =
+            rows == 1 ? std::vector<ref::DecodeView>{{0, keys, 0}} : layer.verify_views(rows);
+        const std::vector<double> clean_ref =
+            rows == 1 ? layer.decode(s.q, kGqa, std::nullopt)
+                      : layer.decode_rows(s.q, kGqa, rows, std::nullopt);
+        ref::DecodeBound b;
+        for (const ref::DecodeBound& row_bound :
+             ref::decode_rows_bound(layer, s.q, kGqa, std::nullopt, views, shape))
+          b.append(row_bound);
         std::vector<std::vector<double>> k(static_cast<std::size_t>(keys)),
             v(static_cast<std::size_t>(keys));
         for (std::int64_t t = 0; t < keys; ++t) {
@@ -269,19 +287,32 @@ int run(const std::vector<std::string>& args) {
           v[std::size_t(t)].assign(vr.begin(), vr.end());
         }
         const double scale = ref::default_scale(D);
-        const std::int64_t split_begin = (keys - 1) / per * per;
-        const auto output = [&](const Parts& p, double pv, double weight) {
-          // o = (A + pv·A_s + weight·A_s) / (L + weight·L_s)
-          std::vector<double> out(std::size_t(kGqa * D));
-          for (int h = 0; h < kGqa; ++h)
-            for (int e = 0; e < D; ++e)
-              out[std::size_t(h * D + e)] =
-                  (p.a[std::size_t(h)][std::size_t(e)] +
-                   (pv + weight) * p.a_split[std::size_t(h)][std::size_t(e)]) /
-                  (p.l[std::size_t(h)] + weight * p.l_split[std::size_t(h)]);
+        // Each row's last split starts at the last multiple of the split length below its end.
+        const auto split_begin = [&](std::int64_t end) { return (end - 1) / per * per; };
+        const auto output = [&](const std::vector<Parts>& parts, double pv, double weight) {
+          // Row by row: o = (A + pv·A_s + weight·A_s) / (L + weight·L_s)
+          std::vector<double> out;
+          for (const Parts& p : parts)
+            for (int h = 0; h < kGqa; ++h)
+              for (int e = 0; e < D; ++e)
+                out.push_back((p.a[std::size_t(h)][std::size_t(e)] +
+                               (pv + weight) * p.a_split[std::size_t(h)][std::size_t(e)]) /
+                              (p.l[std::size_t(h)] + weight * p.l_split[std::size_t(h)]));
           return out;
         };
-        const Parts clean_parts = attend(s, scale, split_begin, k, v);
+        // Every row's parts over k, v, where `dropped` (if ≥ 0) was erased from them.
+        const auto attend_rows = [&](double row_scale, const std::vector<std::vector<double>>& kk,
+                                     const std::vector<std::vector<double>>& vv,
+                                     std::int64_t dropped) {
+          std::vector<Parts> parts;
+          for (int i = 0; i < rows; ++i) {
+            const std::int64_t end = views[std::size_t(i)].end;
+            const std::int64_t n = end - (dropped >= 0 && dropped < end ? 1 : 0);
+            parts.push_back(attend(s, i, n, row_scale, split_begin(end), kk, vv));
+          }
+          return parts;
+        };
+        const std::vector<Parts> clean_parts = attend_rows(scale, k, v, -1);
         const std::vector<double> clean = output(clean_parts, 0, 0);
         // The own attention of fp16(q) must be the reference's õ (same values, another
         // summation order).
@@ -297,7 +328,7 @@ int run(const std::vector<std::string>& args) {
             std::vector<double> planted;
             switch (plant) {
               case Plant::scale:
-                planted = output(attend(s, scale * (1 + eps), split_begin, k, v), 0, 0);
+                planted = output(attend_rows(scale * (1 + eps), k, v, -1), 0, 0);
                 break;
               case Plant::split_weight:
                 planted = output(clean_parts, 0, eps);
@@ -330,7 +361,7 @@ int run(const std::vector<std::string>& args) {
           std::vector<std::vector<double>> k2 = k, v2 = v;
           k2.erase(k2.begin() + dropped);
           v2.erase(v2.begin() + dropped);
-          const std::vector<double> planted = output(attend(s, scale, split_begin, k2, v2), 0, 0);
+          const std::vector<double> planted = output(attend_rows(scale, k2, v2, dropped), 0, 0);
           if (gpu) {
             const std::vector<double> seen = on_gpu(got, planted, clean);
             std::printf(" %9.3g,%6.3g", worst_ratio(seen, clean_ref, b), launch_z(seen, b));
@@ -362,7 +393,7 @@ int run(const std::vector<std::string>& args) {
 const Command& sensitivity_command() {
   static const Command c{
       "sensitivity", "the smallest systematic decode error the bound catches, per view length",
-      "usage: kvlayer sensitivity [--longest N] [--seed S] [--gpu]\n"
+      "usage: kvlayer sensitivity [--longest N] [--seed S] [--rows T] [--gpu]\n"
       "  On the reference (float64, no GPU): for each supported head dim, view length (1K, 4K,\n"
       "  16K, 64K, 128K keys, up to N) and data kind (normal; peaked: four dominant keys with\n"
       "  distinct values, at the first key, the middle, three quarters in and the last key), "
@@ -371,6 +402,8 @@ const Command& sensitivity_command() {
       "  P.V sum and the V dequantization, and prints the smallest one whose decode leaves\n"
       "  ref::decode_bound somewhere, and how far outside the bound a dropped first or last key\n"
       "  lands (> 1: caught). A self-check compares the sweep's attention with the reference.\n"
+      "  --rows T (1..64, default 1): T ≥ 2 sweeps a verify decode of the view's last T\n"
+      "  positions instead (each row its own causal view, planted alike, one bound per row).\n"
       "  --gpu (CUDA builds): the same rows also in a CUDA layer; each plant's effect is added\n"
       "  to its decode (the GPU's own rounding stays in), the bound is the launch's, and each\n"
       "  cell also says the smallest plant the statistical check (systematic_check.hpp) sees\n"
