@@ -15,6 +15,8 @@ std::string data_kind_name(DataKind kind) {
     case DataKind::constant: return "constant";
     case DataKind::tiny: return "tiny";
     case DataKind::bad: return "bad";
+    case DataKind::needles:
+      return "needles";
   }
   return "?";
 }

@@ -15,7 +15,8 @@ DataKind draw_data_kind(Draw& d) {
                               {2, int(DataKind::ties)},
                               {1, int(DataKind::constant)},
                               {1, int(DataKind::tiny)},
-                              {1, int(DataKind::bad)}}));
+                              {1, int(DataKind::bad)},
+                              {2, int(DataKind::needles)}}));
 }
 
 std::optional<float> draw_scale(const GenView& v, Draw& d) {

@@ -75,7 +75,7 @@ std::optional<float> scale_of(const json& obj, const std::string& where) {
 
 DataKind data_kind(const json& obj, const std::string& where) {
   const std::string s = text(obj, "data", where);
-  for (int k = 0; k <= int(DataKind::bad); ++k)
+  for (int k = 0; k <= int(kLastDataKind); ++k)
     if (data_kind_name(DataKind(k)) == s) return DataKind(k);
   malformed(where + ".data", "unknown data kind '" + s + "'");
 }

@@ -1,5 +1,6 @@
 #include "kvlayer/harness/row_data.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -57,6 +58,7 @@ void fill_block(float* x, DataKind kind, bool k_side, double sigma, Rng& rng) {
   switch (kind) {
     case DataKind::gaussian:
     case DataKind::bad:
+    case DataKind::needles:
       for (int j = 0; j < n; ++j) x[j] = float(sigma * rng.normal());
       break;
     case DataKind::wide: {
@@ -121,6 +123,38 @@ std::vector<float> plane_values(std::int64_t n, std::int64_t kv_dim, DataKind ki
   return values;
 }
 
+/// Needle rows (DataKind::needles) over gaussian planes: a score of q·K·scale ~ N(0, (σ_q·σ)²)
+/// for the bulk keys of K ~ N(0, σ²) becomes g·σ·(q·u) ~ N(0, (g·σ_q·σ)²) for a needle K =
+/// g·σ·√D·u (u a unit direction), so half the queries put it g standard deviations above
+/// every other key.
+void plant_needles(const Geometry& g, std::int64_t n, std::vector<float>& k, std::vector<float>& v,
+                   Rng& rng) {
+  double sigma_k = 0, sigma_v = 0;  // the planes' own scale (their RMS)
+  for (const float x : k) sigma_k += double(x) * x;
+  for (const float x : v) sigma_v += double(x) * x;
+  sigma_k = std::sqrt(sigma_k / double(k.size()));
+  sigma_v = std::sqrt(sigma_v / double(v.size()));
+  const std::int64_t needles = std::min<std::int64_t>(n, rng.range(1, 3));
+  for (std::int64_t j = 0; j < needles; ++j) {
+    const std::int64_t row = rng.range(0, n - 1);
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      float* kr = k.data() + row * g.kv_dim_k() + std::int64_t(h) * g.head_dim_k;
+      std::vector<double> u(std::size_t(g.head_dim_k));
+      double norm = 0;
+      for (double& x : u) {
+        x = rng.normal();
+        norm += x * x;
+      }
+      const double gain = (6 + 8 * rng.uniform()) * sigma_k * std::sqrt(double(g.head_dim_k));
+      for (int d = 0; d < g.head_dim_k; ++d)
+        kr[d] = float(gain * u[std::size_t(d)] / std::sqrt(norm));
+      float* vr = v.data() + row * g.kv_dim_v() + std::int64_t(h) * g.head_dim_v;
+      for (int e = 0; e < g.head_dim_v; ++e)
+        vr[e] = float((rng.uniform() < 0.5 ? -4 : 4) * sigma_v);
+    }
+  }
+}
+
 }  // namespace
 
 HostRows make_rows(const Geometry& g, DType dtype, std::int64_t n, std::uint64_t seed,
@@ -128,6 +162,7 @@ HostRows make_rows(const Geometry& g, DType dtype, std::int64_t n, std::uint64_t
   Rng rng(seed);
   std::vector<float> k = plane_values(n, g.kv_dim_k(), kind, true, rng);  // K draws first
   std::vector<float> v = plane_values(n, g.kv_dim_v(), kind, false, rng);
+  if (kind == DataKind::needles) plant_needles(g, n, k, v, rng);
   return testing::encode_rows(std::move(k), std::move(v), n, dtype);
 }
 

@@ -83,6 +83,54 @@ TEST(RowData, TiesRowsCatchAFusedQ5_1Quantizer) {
   std::cout << sensitive << " of " << blocks << " ties blocks are FMA-sensitive\n";
 }
 
+/// The needles data must make attention peaked however long the view: a query along a needle
+/// row's K direction puts nearly all its weight there, so the decode returns that row's V.
+TEST(RowData, NeedleRowsDominateTheAttentionOfAQueryAlongThem) {
+  Geometry g;
+  g.n_kv_heads = 2;
+  g.head_dim_k = g.head_dim_v = 128;
+  g.max_ctx = 4096;
+  int needles_seen = 0;
+  for (std::uint64_t seed = 1; seed <= 4; ++seed) {
+    const HostRows rows = make_rows(g, DType::f32, 4096, seed, DataKind::needles);
+    ref::KvLayer layer(g);
+    layer.append(rows.view());
+    for (int h = 0; h < g.n_kv_heads; ++h) {
+      // Needle rows: K norm far above the bulk's (√D·σ for gaussian rows).
+      std::vector<double> norm(std::size_t(rows.n));
+      for (std::int64_t r = 0; r < rows.n; ++r) {
+        double s = 0;
+        for (int d = 0; d < g.head_dim_k; ++d) {
+          const double x = rows.k[std::size_t(r * g.kv_dim_k() + h * g.head_dim_k + d)];
+          s += x * x;
+        }
+        norm[std::size_t(r)] = std::sqrt(s);
+      }
+      std::vector<double> sorted = norm;
+      std::nth_element(sorted.begin(), sorted.begin() + rows.n / 2, sorted.end());
+      const double median = sorted[std::size_t(rows.n / 2)];
+      for (std::int64_t r = 0; r < rows.n; ++r) {
+        if (norm[std::size_t(r)] < 5 * median) continue;
+        ++needles_seen;
+        // A query along the needle (one query head per KV head; the other head's query zero).
+        std::vector<float> q(std::size_t(g.n_kv_heads * g.head_dim_k), 0.0f);
+        for (int d = 0; d < g.head_dim_k; ++d)
+          q[std::size_t(h * g.head_dim_k + d)] =
+              float(rows.k[std::size_t(r * g.kv_dim_k() + h * g.head_dim_k + d)] /
+                    norm[std::size_t(r)] * 2.0 / (median / std::sqrt(double(g.head_dim_k))));
+        const std::vector<double> o = layer.decode(q, g.n_kv_heads);
+        const std::vector<float> v = layer.dequantized_row(Plane::v, r);
+        for (int e = 0; e < g.head_dim_v; ++e) {
+          const double want = v[std::size_t(h * g.head_dim_v + e)];
+          EXPECT_NEAR(o[std::size_t(h * g.head_dim_v + e)], want, 0.05 * std::fabs(want))
+              << "seed " << seed << " head " << h << " row " << r << " element " << e;
+        }
+      }
+    }
+  }
+  EXPECT_GE(needles_seen, 8) << "4 appends x 2 heads, 1-3 needles each";
+}
+
 TEST(ReplayFile, RoundTripsEveryCommandKind) {
   Case c;
   c.geometry.n_kv_heads = 2;

@@ -38,14 +38,20 @@ namespace kvlayer::harness {
 
 /// How the values of appended rows are drawn (see row_data.hpp).
 enum class DataKind : std::uint8_t {
-  gaussian,   ///< N(0, σ²), σ = 10^u with u drawn per command in [−2, 2]
-  wide,       ///< every block its own scale 10^u, u in [−4, 5]; a quarter one-sided (V beyond fp16)
-  integers,   ///< small integers: exact in every format
-  ties,       ///< blocks whose quantization hits exact half-way ties (q8_0 and q5_1)
-  constant,   ///< constant blocks (q5_1 d = 0) mixed with zero blocks
-  tiny,       ///< subnormal-range blocks (degenerate: quants 0)
-  bad,        ///< gaussian plus one NaN, ±Inf or fp16-overflowing block
+  gaussian,  ///< N(0, σ²), σ = 10^u with u drawn per command in [−2, 2]
+  wide,  ///< every block its own scale 10^u, u in [−4, 5]; a quarter one-sided (V beyond fp16)
+  integers,  ///< small integers: exact in every format
+  ties,      ///< blocks whose quantization hits exact half-way ties (q8_0 and q5_1)
+  constant,  ///< constant blocks (q5_1 d = 0) mixed with zero blocks
+  tiny,      ///< subnormal-range blocks (degenerate: quants 0)
+  bad,       ///< gaussian plus one NaN, ±Inf or fp16-overflowing block
+  /// gaussian plus 1–3 needle rows: each KV head's K a random direction scaled to score
+  /// 6–14 standard deviations of the bulk's scores (so any query along it attends almost only
+  /// that key, however long the view), V a ±4σ sign pattern (structure no split averages away)
+  needles,
 };
+/// The last DataKind (for iteration).
+inline constexpr DataKind kLastDataKind = DataKind::needles;
 
 /// Which decode entry point a Decode command calls.
 enum class DecodeVariant : std::uint8_t { host, dc, dcw };
