@@ -4,6 +4,7 @@
 #include <rapidcheck/state.h>
 
 #include <algorithm>
+#include <iterator>
 #include <optional>
 #include <ostream>
 #include <span>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "draw.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/harness/replay_file.hpp"
 
@@ -179,7 +181,10 @@ Geometry draw_geometry(const DrawLimits& limits, int* n_q_heads) {
                                        : (length == kMedium ? std::min(limits.max_kv_heads, 4) : 1);
   g.n_kv_heads = *rc::gen::inRange(1, most_kv + 1);
   g.head_dim_k = g.head_dim_v =
-      limits.head_dim > 0 ? limits.head_dim : *rc::gen::element(64, 128, 256);
+      limits.head_dim > 0
+          ? limits.head_dim
+          : *rc::gen::elementOf(std::vector<int>(std::begin(cuda::kSupportedHeadDims),
+                                                 std::end(cuda::kSupportedHeadDims)));
   // gqa by powers of two first, so that every rows-per-block instance (1, 2, 4, 8, 16) is drawn
   // alike: (2^(p−1), 2^p] for p uniform in 0..4, then clamped to the limits.
   const int p = *rc::gen::inRange(0, 5);

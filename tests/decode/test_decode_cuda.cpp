@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda_testbed.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 
 namespace kvlayer::testing {
@@ -57,7 +58,7 @@ struct DecodeCase {
 
 std::vector<DecodeCase> decode_cases() {
   std::vector<DecodeCase> out;
-  for (int hd : {64, 128, 256}) {
+  for (int hd : cuda::kSupportedHeadDims) {
     for (int gqa : {1, 4, 8, 16}) {
       out.push_back({flat(2, hd, 173), gqa});
       out.push_back({flat(2, hd, 150, 77), gqa});

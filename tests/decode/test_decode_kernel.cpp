@@ -19,6 +19,7 @@
 #include "decode/view_begin.hpp"
 #include "decode_model.hpp"
 #include "decode_testbed.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/status.hpp"
 #include "kvlayer/testing/geometry.hpp"
@@ -95,7 +96,7 @@ TEST(DecodePlan, MmaPlanFillsTheGpu) {
   EXPECT_EQ(p.max_rescales, 2688 / 64 + 1);
   // Never a second wave: every (KV head, split, row block) block is resident at once.
   for (const int n_kv : {1, 3, 8, 32})
-    for (const int d : {64, 128, 256})
+    for (const int d : cuda::kSupportedHeadDims)
       for (const int gqa : {4, 9, 16}) {
         const auto q = plan_decode(n_kv, d, gqa, 131072, 132, DecodeKernel::mma);
         const int rows = cuda::detail::select_split_kernel(q, 0).rows;
@@ -230,7 +231,7 @@ TEST(DecodePlan, MmaBlocksPerSmAreResident) {
   KVLAYER_REQUIRE_GPU();
   // One KV head at gqa 16 splits its rows (8 per block); eight do not (16 per block).
   for (const int n_kv : {1, 8})
-    for (const int d : {64, 128, 256})
+    for (const int d : cuda::kSupportedHeadDims)
       for (const int gqa : {8, 16}) {
         const auto plan = plan_decode(n_kv, d, gqa, 131072, 132, cuda::detail::DecodeKernel::mma);
         const int rows = cuda::detail::select_split_kernel(plan, 0).rows;
@@ -274,7 +275,7 @@ TEST(DecodePlan, ViewBeginIsTheReferencesFirstView) {
 }
 
 TEST(DecodePlan, PartitionCoversEveryViewExactly) {
-  for (const int head_dim : {64, 128, 256})
+  for (const int head_dim : cuda::kSupportedHeadDims)
     for (const int sms : {1, 3, 132}) {
       const auto p = plan_decode(3, head_dim, 2, 5000, sms);
       for (std::int64_t n = 1; n <= p.max_view_keys; ++n) {
@@ -422,7 +423,7 @@ TEST(DecodePlan, RefusesUnsupportedGeometry) {
 // The limits table the refusals are built from.
 TEST(DecodePlan, LimitsTable) {
   EXPECT_EQ(cuda::supported_head_dims(), "64, 128, 256");
-  for (const int d : {64, 128, 256}) EXPECT_TRUE(cuda::head_dim_supported(d)) << d;
+  for (const int d : cuda::kSupportedHeadDims) EXPECT_TRUE(cuda::head_dim_supported(d)) << d;
   for (const int d : {0, 32, 96, 192, 512}) EXPECT_FALSE(cuda::head_dim_supported(d)) << d;
   EXPECT_EQ(cuda::kMaxGqa, 16);
   EXPECT_GE(cuda::kMaxVerify, 16);  // SPEC §11
@@ -506,7 +507,7 @@ TEST_P(DecodeSweep, FlatWindowedViews) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeSweep, ::testing::Values(64, 128, 256),
+INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeSweep, ::testing::ValuesIn(cuda::kSupportedHeadDims),
                          [](const auto& info) {
                            return std::string("D").append(std::to_string(info.param));
                          });
@@ -581,7 +582,7 @@ TEST_P(DecodeRing, ViewsFollowTheBase) {
   EXPECT_TRUE(saw_offset_view) << "no view started past physical row 0 with base > 0";
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeRing, ::testing::Values(64, 128, 256),
+INSTANTIATE_TEST_SUITE_P(HeadDims, DecodeRing, ::testing::ValuesIn(cuda::kSupportedHeadDims),
                          [](const auto& info) {
                            return std::string("D").append(std::to_string(info.param));
                          });
@@ -709,7 +710,7 @@ TEST_P(DecodeAdversarial, ModelWithinContract) {
 
 INSTANTIATE_TEST_SUITE_P(
     Scores, DecodeAdversarial,
-    ::testing::Combine(::testing::Values(64, 128, 256),
+    ::testing::Combine(::testing::ValuesIn(cuda::kSupportedHeadDims),
                        ::testing::Values(Scores::large_range, Scores::dominant_key, Scores::tiny_p,
                                          Scores::increasing, Scores::equal_keys,
                                          Scores::wide_values)),

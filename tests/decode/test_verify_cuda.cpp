@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cuda_testbed.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 
 namespace kvlayer::testing {
@@ -27,7 +28,7 @@ struct VerifyCase {
 
 std::vector<VerifyCase> verify_cases() {
   std::vector<VerifyCase> out;
-  for (int hd : {64, 128, 256}) {
+  for (int hd : cuda::kSupportedHeadDims) {
     for (int gqa : {1, 4, 8, 16}) {
       out.push_back({flat(2, hd, 260), gqa});
       out.push_back({flat(2, hd, 260, 70), gqa});

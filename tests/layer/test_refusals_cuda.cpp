@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cuda_testbed.hpp"
+#include "kvlayer/cuda/limits.hpp"
 
 namespace kvlayer::testing {
 namespace {
@@ -61,7 +62,7 @@ TEST(CudaRefusals, UnsupportedGeometriesNameTheValueAndTheSupportedSet) {
     EXPECT_EQ(construction_refusal(g, std::max(g.n_kv_heads, 1)), ref_msg);
   }
   // Every supported combination constructs.
-  for (int hd : {64, 128, 256})
+  for (int hd : cuda::kSupportedHeadDims)
     for (int gqa = 1; gqa <= 16; ++gqa)
       EXPECT_EQ(construction_refusal(flat(2, hd, 8), 2 * gqa), "") << hd << " gqa " << gqa;
 }
