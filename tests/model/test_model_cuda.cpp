@@ -34,6 +34,7 @@ TEST(ModelCuda, RandomSequencesMatchTheReferenceByteForByte) {
             << ", worst error/bound " << r.stats.worst_error_ratio << ", seconds " << r.seconds
             << "\n";
   kvlayer::testing::bound_tightness().add(r.stats.tightness);  // printed by the shared main
+  kvlayer::testing::systematic_check().add(r.stats.systematic);
   EXPECT_TRUE(r.passed) << r.report << "\nreplay: " << r.replay_file;
   EXPECT_GT(r.stats.bytes_compared, 0);
   EXPECT_GT(r.stats.decodes_compared, 0);
