@@ -255,6 +255,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
             size_var="KVLAYER_SANITIZE_MAX_SIZE_${tool^^}"
             run_step "$tool ${b##*/} shard $shard" "$work/logs/${tool}_${b##*/}_$shard.log" \
               "$sanitize_timeout" env KVLAYER_GPU_CASES=$(((sanitize_cases + shards - 1) / shards)) \
+              KVLAYER_GPU_HANG_SECONDS=$((sanitize_timeout - 20)) \
               KVLAYER_GPU_SEED=$((20261129 + 7919 * shard)) KVLAYER_GPU_MAX_SIZE="${!size_var:-$([[ $tool == racecheck ]] && echo 40 || echo 60)}" \
               compute-sanitizer --tool "$tool" --error-exitcode 1 \
               "$b" --gtest_color=no --gtest_filter="$filter" &

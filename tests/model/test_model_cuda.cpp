@@ -12,8 +12,9 @@
 namespace kvlayer::harness {
 namespace {
 
-/// KVLAYER_GPU_CASES / KVLAYER_GPU_SEED / KVLAYER_GPU_MAX_SIZE (commands in the largest case)
-/// override the defaults.
+/// KVLAYER_GPU_CASES / KVLAYER_GPU_SEED / KVLAYER_GPU_MAX_SIZE (commands in the largest case) /
+/// KVLAYER_GPU_HANG_SECONDS (a call into the layer running longer is a hang: the process exits
+/// 1 naming it; device-check raises it under compute-sanitizer) override the defaults.
 std::int64_t env_or(const char* name, std::int64_t fallback) {
   const char* v = std::getenv(name);
   return v ? std::strtoll(v, nullptr, 10) : fallback;
@@ -26,6 +27,13 @@ TEST(ModelCuda, RandomSequencesMatchTheReferenceByteForByte) {
   config.cases = env_or("KVLAYER_GPU_CASES", 200);
   config.max_size = int(env_or("KVLAYER_GPU_MAX_SIZE", config.max_size));
   config.make_system = cuda_system_factory();
+  config.hang_seconds =
+      double(env_or("KVLAYER_GPU_HANG_SECONDS", std::int64_t(kDefaultHangSeconds)));
+  config.on_hang = [](const HangReport& h) {
+    std::cout << "hang: " << h.command << " did not return after " << h.seconds << " s ("
+              << h.commands << " commands; replay file "
+              << (h.replay_error.empty() ? h.replay_file : h.replay_error) << ")" << std::endl;
+  };
   const CampaignResult r = run_campaign(config);
   std::cout << "cases " << r.cases << ", bytes compared " << r.stats.bytes_compared << ", decodes "
             << r.stats.decodes_compared << ", graph replays " << r.stats.graph_replays
