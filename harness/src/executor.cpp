@@ -600,7 +600,7 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
       stats_.worst_bound = x.bound.bound[i];
     }
     stats_.tightness.record(got, x.bound, i);
-    stats_.systematic.record(got, x.bound.rounded[i], x.bound.bound[i] - x.bound.exact_q[i]);
+    stats_.systematic.record(got, want, x.bound, i);
   }
   stats_.systematic.end_launch();
   ++stats_.decodes_compared;

@@ -13,7 +13,24 @@ double sigma(SystematicCheck::Signature s, double rounded) {
 
 }  // namespace
 
+void SystematicCheck::record(double got, double want, const DecodeBound& b, std::size_t i) {
+  const double bound = b.bound[i], o = b.rounded[i];
+  const double d = got - want;
+  if (std::isfinite(d) && std::isfinite(o) && o != 0) {
+    // |d + β·õ| > bound: for β of õ's direction from d's side, (bound − |d|)/|õ|; across zero
+    // first, (bound + |d|)/|õ|.
+    const double toward = (bound - std::fabs(d)) / std::fabs(o);
+    const double across = (bound + std::fabs(d)) / std::fabs(o);
+    const bool same = d * o >= 0;
+    bound_up_ = std::min(bound_up_, std::max(0.0, same ? toward : across));
+    bound_down_ = std::min(bound_down_, std::max(0.0, same ? across : toward));
+  }
+  record(got, o, bound - b.exact_q[i]);
+  --unbounded_;
+}
+
 void SystematicCheck::record(double got, double rounded, double noise_scale) {
+  ++unbounded_;  // record(got, want, b, i) takes it back
   if (!(noise_scale > 0) || !std::isfinite(noise_scale) || !std::isfinite(got) ||
       !std::isfinite(rounded))
     return;
@@ -24,7 +41,64 @@ void SystematicCheck::record(double got, double rounded, double noise_scale) {
     sum_r_sigma_[s] += r * x;
     sum_r2_sigma2_[s] += r * r * x * x;
   }
+  const double o = rounded, kappa = rounded / noise_scale;
+  a_ += o * r;
+  b_ += o * kappa;
+  c_ += o * o * r * r;
+  d_ += o * o * r * kappa;
+  e_ += o * o * kappa * kappa;
   ++in_launch_;
+}
+
+double SystematicCheck::current_bound_resolution() const {
+  if (in_launch_ == 0 || unbounded_ > 0) return INFINITY;
+  return std::max(bound_up_, bound_down_);
+}
+
+double SystematicCheck::current_statistic_resolution() const {
+  // |z(β)| ≥ k ⇔ f(β) = (B² − k²E)β² + 2(AB − k²D)β + (A² − k²C) ≥ 0.
+  const double k2 = kReportZ * kReportZ;
+  const double qa = b_ * b_ - k2 * e_, qb = 2 * (a_ * b_ - k2 * d_), qc = a_ * a_ - k2 * c_;
+  if (in_launch_ == 0 || !(c_ > 0 || e_ > 0)) return INFINITY;
+  if (qc >= 0) return 0;  // already at |z| ≥ k
+  // The smallest β > 0 with f(β) ≥ 0, for f and for f(−β) (the other sign).
+  const auto smallest = [](double a, double b, double c) {  // c < 0
+    const double disc = b * b - 4 * a * c;
+    if (disc < 0) return double(INFINITY);
+    const double r = std::sqrt(disc);
+    if (a == 0) return b > 0 ? -c / b : double(INFINITY);
+    double best = INFINITY;
+    for (const double x : {(-b - r) / (2 * a), (-b + r) / (2 * a)})
+      if (x > 0) best = std::min(best, x);
+    return best;
+  };
+  return std::max(smallest(qa, qb, qc), smallest(qa, -qb, qc));
+}
+
+int SystematicCheck::resolution_bin(double beta) {
+  if (!std::isfinite(beta)) return kResolutionBins - 1;
+  if (beta <= std::ldexp(1.0, -40)) return 0;
+  return std::min(kResolutionBins - 2, int(std::ceil((std::log2(beta) + 40) * 4)));
+}
+
+double SystematicCheck::resolution_at(const std::vector<std::int64_t>& histogram,
+                                      std::int64_t total, double q) {
+  if (total == 0) return INFINITY;
+  const auto want = std::max<std::int64_t>(1, std::int64_t(std::ceil(q * double(total))));
+  std::int64_t seen = 0;
+  for (int i = 0; i < kResolutionBins; ++i) {
+    seen += histogram[std::size_t(i)];
+    if (seen >= want) return i == kResolutionBins - 1 ? INFINITY : std::exp2(i / 4.0 - 40);
+  }
+  return INFINITY;
+}
+
+double SystematicCheck::bound_resolution(double q) const {
+  return resolution_at(bound_histogram_, bound_launches_, q);
+}
+
+double SystematicCheck::statistic_resolution(double q) const {
+  return resolution_at(statistic_histogram_, launches_, q);
 }
 
 double SystematicCheck::current_z(Signature s) const {
@@ -35,6 +109,11 @@ void SystematicCheck::end_launch() {
   if (in_launch_ >= kMinElements) {
     ++launches_;
     elements_ += in_launch_;
+    ++statistic_histogram_[std::size_t(resolution_bin(current_statistic_resolution()))];
+    if (unbounded_ == 0) {
+      ++bound_launches_;
+      ++bound_histogram_[std::size_t(resolution_bin(current_bound_resolution()))];
+    }
     for (int s = 0; s < kSignatures; ++s) {
       const double z = std::fabs(current_z(Signature(s)));
       max_abs_z_[s] = std::max(max_abs_z_[s], z);
@@ -46,6 +125,9 @@ void SystematicCheck::end_launch() {
   }
   sum_r_sigma_ = {};
   sum_r2_sigma2_ = {};
+  a_ = b_ = c_ = d_ = e_ = 0;
+  bound_up_ = bound_down_ = INFINITY;
+  unbounded_ = 0;
   in_launch_ = 0;
 }
 
@@ -53,6 +135,11 @@ void SystematicCheck::add(const SystematicCheck& o) {
   launches_ += o.launches_;
   elements_ += o.elements_;
   small_launches_ += o.small_launches_;
+  bound_launches_ += o.bound_launches_;
+  for (int b = 0; b < kResolutionBins; ++b) {
+    bound_histogram_[std::size_t(b)] += o.bound_histogram_[std::size_t(b)];
+    statistic_histogram_[std::size_t(b)] += o.statistic_histogram_[std::size_t(b)];
+  }
   for (int s = 0; s < kSignatures; ++s) {
     max_abs_z_[s] = std::max(max_abs_z_[s], o.max_abs_z_[s]);
     alarms_[s] += o.alarms_[s];
@@ -74,7 +161,14 @@ double SystematicCheck::abs_z(Signature s, double q) const {
 }
 
 std::string SystematicCheck::summary() const {
-  char buf[400];
+  const auto beta = [](double x) {
+    if (!std::isfinite(x)) return std::string("none");
+    if (x == 0) return std::string("0");
+    char b[32];
+    std::snprintf(b, sizeof b, "2^%.2g", std::log2(x));
+    return std::string(b);
+  };
+  char buf[640];
   std::snprintf(buf, sizeof buf,
                 "systematic check (report only): %lld launches of >= %lld elements (%lld "
                 "elements, %lld smaller launches left out); |z| along o~ p50 %.3g p99 %.3g max "
@@ -85,7 +179,10 @@ std::string SystematicCheck::summary() const {
                 static_cast<long long>(alarms_[output]), kReportZ, abs_z(constant, 0.5),
                 abs_z(constant, 0.99), max_abs_z_[constant],
                 static_cast<long long>(alarms_[constant]), kReportZ);
-  return buf;
+  return std::string(buf) + "; smallest relative output error caught per launch: bound p50 " +
+         beta(bound_resolution(0.5)) + " p90 " + beta(bound_resolution(0.9)) + " (" +
+         std::to_string(bound_launches_) + " launches), statistic p50 " +
+         beta(statistic_resolution(0.5)) + " p90 " + beta(statistic_resolution(0.9));
 }
 
 }  // namespace kvlayer::ref

@@ -214,7 +214,7 @@ inline double expect_within_contract(const std::vector<float>& gpu, const std::v
     }
     if (bound[i] > 0) worst = std::max(worst, err / bound[i]);
     bound_tightness().record(gpu[i], b, i);
-    systematic_check().record(gpu[i], b.rounded[i], b.bound[i] - b.exact_q[i]);
+    systematic_check().record(gpu[i], want[i], b, i);
   }
   systematic_check().end_launch();
   if (failures > 8) ADD_FAILURE() << what << ": " << failures << " elements out of contract";

@@ -84,8 +84,7 @@ Resolution check_here(cuda::KvLayer& gpu, const ref::KvLayer& ref, int T, Rng& r
       }
       if (b > 0) ratios.push_back(err / b);
       bound_tightness().record(got[at], bounds[std::size_t(i)], e);
-      const ref::DecodeBound& bi = bounds[std::size_t(i)];
-      systematic_check().record(got[at], bi.rounded[e], bi.bound[e] - bi.exact_q[e]);
+      systematic_check().record(got[at], want[at], bounds[std::size_t(i)], e);
     }
   systematic_check().end_launch();
   if (!ratios.empty()) {

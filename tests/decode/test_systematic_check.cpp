@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "kvlayer/reference/systematic_check.hpp"
 #include "kvlayer/testing/rng.hpp"
@@ -16,7 +17,6 @@ namespace {
 
 using testing::fresh_seed;
 using testing::Rng;
-
 
 /// One launch of n elements: õ ~ U(−1, 1), got = (1 + beta)·õ + offset + noise, the noise of
 /// element e uniform with half-width 2^-k_e·(|õ| + 2^-10) (relative, with a floor), k_e drawn
@@ -89,6 +89,78 @@ TEST(SystematicCheck, SmallLaunchesAreLeftOutAndTotalsAdd) {
   EXPECT_NE(a.summary().find("2 launches of >= 64 elements (4352 elements, 1 smaller launches"),
             std::string::npos)
       << a.summary();
+}
+
+/// The bound's resolution of a launch, by hand: elements õ = 1, 2 with d = got − want of +2^-12
+/// (along õ) and −2^-12 (against õ), bound 2^-10 each. A relative error β grows |d + β·õ| from
+/// |d| where it goes d's way, or first through zero where it does not.
+TEST(SystematicCheck, TheBoundResolutionIsTheSmallestRelativeErrorThatLeavesTheBound) {
+  SystematicCheck c;
+  const double u = std::ldexp(1.0, -12), b = std::ldexp(1.0, -10);
+  const DecodeBound bound{{b, b}, {0.0, 0.0}, {1.0, 1.0}, {1.0, 2.0}, {1.0, 1.0}};
+  c.record(1.0 + u, 1.0, bound, 0);  // d = +u along õ = 1
+  c.record(2.0 - u, 2.0, bound, 1);  // d = −u against õ = 2
+  // β > 0: element 0 at (b − u)/1, element 1 at (b + u)/2 → (b + u)/2. β < 0: element 0 at
+  // (b + u)/1, element 1 at (b − u)/2 → (b − u)/2. The worse sign: (b + u)/2.
+  EXPECT_DOUBLE_EQ(c.current_bound_resolution(), (b + u) / 2);
+  // Without its bound, an element leaves the launch's bound resolution unknown.
+  c.record(1.0, 1.0, 1e-3);
+  EXPECT_EQ(c.current_bound_resolution(), INFINITY);
+}
+
+/// The statistic's resolution (closed form) against a scan: adding β·õ to every element, the
+/// smallest β of the worse sign that reaches |z| ≥ 5.
+TEST(SystematicCheck, TheStatisticResolutionMatchesAScanOfPlantedErrors) {
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const int n = 2048;
+  std::vector<double> o(n), a(n), r(n);
+  for (int e = 0; e < n; ++e) {
+    o[e] = rng.uniform() * 2 - 1;
+    a[e] = std::ldexp(std::fabs(o[e]) + 0x1p-10, -int(rng.range(8, 14)));
+    r[e] = a[e] * (2 * rng.uniform() - 1) * 0.3;
+  }
+  SystematicCheck c;
+  for (int e = 0; e < n; ++e) c.record(o[e] + r[e], o[e], a[e]);
+  const double closed = c.current_statistic_resolution();
+  const auto z_at = [&](double beta) {
+    SystematicCheck p;
+    for (int e = 0; e < n; ++e) p.record(o[e] + r[e] + beta * o[e], o[e], a[e]);
+    return std::fabs(p.current_z(SystematicCheck::output));
+  };
+  // The smallest β on a fine grid reaching |z| ≥ 5, per sign; the worse sign's.
+  const auto first = [&](double sign) {
+    for (double l = -30; l <= 0; l += 1.0 / 64)
+      if (z_at(sign * std::exp2(l)) >= SystematicCheck::kReportZ) return std::exp2(l);
+    return double(INFINITY);
+  };
+  const double scanned = std::max(first(1), first(-1));
+  ASSERT_TRUE(std::isfinite(scanned));
+  EXPECT_LE(closed, scanned);
+  EXPECT_GE(closed, scanned * std::exp2(-1.0 / 64)) << "closed " << closed << " scan " << scanned;
+  EXPECT_GE(z_at(closed * (1 + 1e-9)), SystematicCheck::kReportZ - 1e-6);
+  EXPECT_GE(z_at(-closed * (1 + 1e-9)), SystematicCheck::kReportZ - 1e-6);
+}
+
+TEST(SystematicCheck, TheSummaryReportsBothResolutions) {
+  Rng rng(fresh_seed());
+  SystematicCheck c;
+  for (int l = 0; l < 10; ++l) {
+    for (int e = 0; e < 128; ++e) {
+      const double o = rng.uniform() + 0.5, b = 0x1p-8;
+      c.record(o + 0x1p-12 * (rng.uniform() - 0.5), o, DecodeBound{{b}, {0.0}, {1.0}, {o}, {1.0}},
+               0);
+    }
+    c.end_launch();
+  }
+  // Every element: |d| ≤ 2^-13, õ ≤ 1.5, bound 2^-8: the bound catches β ≈ 2^-8/1.5.
+  EXPECT_LE(c.bound_resolution(0.5), 0x1p-8);
+  EXPECT_GE(c.bound_resolution(0.5), 0x1p-9);
+  EXPECT_LT(c.statistic_resolution(0.5), c.bound_resolution(0.5)) << c.summary();
+  EXPECT_NE(c.summary().find("smallest relative output error caught per launch: bound p50 2^"),
+            std::string::npos)
+      << c.summary();
 }
 
 }  // namespace

@@ -21,12 +21,20 @@
 // Declared so far: the statistic and its report. Not yet declared: the threshold, which waits
 // for the distribution of |z| over ≥ 10^8 clean elements per kernel path (the campaign and
 // the GPU suites print it); until then nothing fails on it.
+//
+// Resolution per launch (issue #34: what a run would have caught, not only pass or fail): the
+// smallest relative output error β (got → got + β·õ, the worse of its two signs) that would
+// have failed the launch's bound somewhere, and the smallest that would have reached |z| ≥ 5
+// along õ (closed form: z(β)² = (A + βB)² / (C + 2βD + β²E) from five sums of the launch).
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "kvlayer/reference/accuracy.hpp"
 
 namespace kvlayer::ref {
 
@@ -43,6 +51,9 @@ class SystematicCheck {
   /// One compared element of the launch in progress: the system's value, õ and its noise
   /// scale a > 0 (an element with a ≤ 0 or a non-finite input is not recorded).
   void record(double got, double rounded, double noise_scale);
+  /// The same for element i of a decode compared with its bound (want: the reference output);
+  /// also feeds the launch's bound resolution.
+  void record(double got, double want, const DecodeBound& b, std::size_t i);
   /// Closes the launch in progress: its z per signature enters the distribution (launches of
   /// fewer than kMinElements elements are counted apart and left out).
   void end_launch();
@@ -57,15 +68,38 @@ class SystematicCheck {
   double abs_z(Signature s, double q) const;
   /// The z of the launch in progress (0 before any element), for tests.
   double current_z(Signature s) const;
+  /// For the launch in progress: the smallest relative output error (worse sign) the bound
+  /// would have caught (+inf: none, or no element recorded with its bound) and the statistic
+  /// at |z| ≥ kReportZ (+inf: none; 0: it already is there).
+  double current_bound_resolution() const;
+  double current_statistic_resolution() const;
+  /// Over the launches: the resolution at percentile q (upper bin edge, 4 bins per octave;
+  /// +inf when the q-th launch caught nothing), for the bound and for the statistic.
+  double bound_resolution(double q) const;
+  double statistic_resolution(double q) const;
   /// "systematic check (report only): L launches of >= 64 elements (E elements, S smaller
-  /// launches left out); |z| along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5)"
+  /// launches left out); |z| along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5);
+  /// smallest relative output error caught per launch: bound p50 … p90 …, statistic p50 … p90 …"
   std::string summary() const;
 
  private:
   static constexpr double kBinWidth = 0.125;
   static constexpr int kBins = 512;  ///< |z| in [0, 64); the last bin holds everything above
+  static constexpr int kResolutionBins = 4 * 48 + 1;  ///< log2 β in [−40, 8), last bin: none
+  static int resolution_bin(double beta);
+  static double resolution_at(const std::vector<std::int64_t>& histogram, std::int64_t total,
+                              double q);
   std::array<double, kSignatures> sum_r_sigma_{}, sum_r2_sigma2_{};
+  // Along õ, in units of the noise scale a (ρ = r/a, κ = õ/a): A = Σ õρ, B = Σ õκ, C = Σ õ²ρ²,
+  // D = Σ õ²ρκ, E = Σ õ²κ² (the statistic's resolution).
+  double a_ = 0, b_ = 0, c_ = 0, d_ = 0, e_ = 0;
+  // The bound's resolution so far: the smallest β > 0 (and −β) that fails some element.
+  double bound_up_ = INFINITY, bound_down_ = INFINITY;
+  std::int64_t unbounded_ = 0;  ///< elements of the launch recorded without their bound
   std::int64_t in_launch_ = 0;
+  std::vector<std::int64_t> bound_histogram_ = std::vector<std::int64_t>(kResolutionBins, 0),
+                            statistic_histogram_ = std::vector<std::int64_t>(kResolutionBins, 0);
+  std::int64_t bound_launches_ = 0;
   std::int64_t launches_ = 0, elements_ = 0, small_launches_ = 0;
   std::array<double, kSignatures> max_abs_z_{};
   std::array<std::int64_t, kSignatures> alarms_{};
