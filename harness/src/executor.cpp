@@ -29,6 +29,7 @@ void Stats::add(const Stats& o) {
   seconds_in_bounds += o.seconds_in_bounds;
   tightness.add(o.tightness);
   systematic.add(o.systematic);
+  for (const auto& [path, check] : o.systematic_by_path) systematic_by_path[path].add(check);
   coverage.add(o.coverage);
   if (o.worst_error_ratio > worst_error_ratio) {
     worst_error_ratio = o.worst_error_ratio;
@@ -577,6 +578,7 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
   if (actual.size() != x.out->size())
     return x.name + " output has " + std::to_string(actual.size()) + " values, expected " +
            std::to_string(x.out->size());
+  ref::SystematicCheck launch;  // this launch alone, then into the totals
   for (std::size_t i = 0; i < x.out->size(); ++i) {
     const double want = (*x.out)[i], got = actual[i];
     std::ostringstream s;
@@ -600,9 +602,15 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
       stats_.worst_bound = x.bound.bound[i];
     }
     stats_.tightness.record(got, x.bound, i);
-    stats_.systematic.record(got, want, x.bound, i);
+    launch.record(got, want, x.bound, i);
   }
-  stats_.systematic.end_launch();
+  launch.end_launch();
+  stats_.systematic.add(launch);
+  const std::size_t rows = x.out->size() / (std::size_t(n_q_heads_) * std::size_t(g.head_dim_v));
+  stats_
+      .systematic_by_path[std::string(rows > 1 ? "verify" : "decode") + " d" +
+                          std::to_string(g.head_dim_k)]
+      .add(launch);
   ++stats_.decodes_compared;
   return std::nullopt;
 }
