@@ -25,12 +25,15 @@ void SystematicCheck::record(double got, double want, const DecodeBound& b, std:
     bound_up_ = std::min(bound_up_, std::max(0.0, same ? toward : across));
     bound_down_ = std::min(bound_down_, std::max(0.0, same ? across : toward));
   }
-  record(got, o, bound - b.exact_q[i]);
-  --unbounded_;
+  record_residual(got, o, bound - b.exact_q[i]);
 }
 
 void SystematicCheck::record(double got, double rounded, double noise_scale) {
-  ++unbounded_;  // record(got, want, b, i) takes it back
+  ++unbounded_;
+  record_residual(got, rounded, noise_scale);
+}
+
+void SystematicCheck::record_residual(double got, double rounded, double noise_scale) {
   if (!(noise_scale > 0) || !std::isfinite(noise_scale) || !std::isfinite(got) ||
       !std::isfinite(rounded))
     return;
@@ -160,7 +163,7 @@ double SystematicCheck::abs_z(Signature s, double q) const {
   return max_abs_z_[s];
 }
 
-std::string SystematicCheck::summary() const {
+std::string SystematicCheck::summary(const std::string& path) const {
   const auto beta = [](double x) {
     if (!std::isfinite(x)) return std::string("none");
     if (x == 0) return std::string("0");
@@ -170,14 +173,14 @@ std::string SystematicCheck::summary() const {
   };
   char buf[640];
   std::snprintf(buf, sizeof buf,
-                "systematic check (report only): %lld launches of >= %lld elements (%lld "
+                "systematic check%s (report only): %lld launches of >= %lld elements (%lld "
                 "elements, %lld smaller launches left out); |z| along o~ p50 %.3g p99 %.3g max "
                 "%.3g (%lld >= %g), along 1 p50 %.3g p99 %.3g max %.3g (%lld >= %g)",
-                static_cast<long long>(launches_), static_cast<long long>(kMinElements),
-                static_cast<long long>(elements_), static_cast<long long>(small_launches_),
-                abs_z(output, 0.5), abs_z(output, 0.99), max_abs_z_[output],
-                static_cast<long long>(alarms_[output]), kReportZ, abs_z(constant, 0.5),
-                abs_z(constant, 0.99), max_abs_z_[constant],
+                path.empty() ? "" : (" [" + path + "]").c_str(), static_cast<long long>(launches_),
+                static_cast<long long>(kMinElements), static_cast<long long>(elements_),
+                static_cast<long long>(small_launches_), abs_z(output, 0.5), abs_z(output, 0.99),
+                max_abs_z_[output], static_cast<long long>(alarms_[output]), kReportZ,
+                abs_z(constant, 0.5), abs_z(constant, 0.99), max_abs_z_[constant],
                 static_cast<long long>(alarms_[constant]), kReportZ);
   return std::string(buf) + "; smallest relative output error caught per launch: bound p50 " +
          beta(bound_resolution(0.5)) + " p90 " + beta(bound_resolution(0.9)) + " (" +

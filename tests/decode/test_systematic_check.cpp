@@ -158,6 +158,9 @@ TEST(SystematicCheck, TheSummaryReportsBothResolutions) {
   EXPECT_LE(c.bound_resolution(0.5), 0x1p-8);
   EXPECT_GE(c.bound_resolution(0.5), 0x1p-9);
   EXPECT_LT(c.statistic_resolution(0.5), c.bound_resolution(0.5)) << c.summary();
+  EXPECT_EQ(c.summary("verify d128").rfind("systematic check [verify d128] (report only): ", 0),
+            0u)
+      << c.summary("verify d128");
   EXPECT_NE(c.summary().find("smallest relative output error caught per launch: bound p50 2^"),
             std::string::npos)
       << c.summary();

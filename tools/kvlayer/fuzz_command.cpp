@@ -171,12 +171,8 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
     std::printf("%s\n", r.stats.systematic.summary().c_str());
     // Per kernel path too (unindented: the campaign collects them), the statistic's
     // calibration being per path.
-    for (const auto& [path, check] : r.stats.systematic_by_path) {
-      const std::string line = check.summary();
-      if (check.launches() > 0)
-        std::printf("systematic check [%s]: %s\n", path.c_str(),
-                    line.substr(line.find(": ") + 2).c_str());
-    }
+    for (const auto& [path, check] : r.stats.systematic_by_path)
+      if (check.launches() > 0) std::printf("%s\n", check.summary(path).c_str());
   }
   if (!r.stats.coverage.empty()) std::printf("%s", r.stats.coverage.table().c_str());
 }

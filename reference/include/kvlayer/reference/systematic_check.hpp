@@ -80,12 +80,14 @@ class SystematicCheck {
   /// "systematic check (report only): L launches of >= 64 elements (E elements, S smaller
   /// launches left out); |z| along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5);
   /// smallest relative output error caught per launch: bound p50 … p90 …, statistic p50 … p90 …"
-  std::string summary() const;
+  /// With a kernel path ("verify d128"), the line names it: "systematic check [verify d128] …".
+  std::string summary(const std::string& path = "") const;
 
  private:
   static constexpr double kBinWidth = 0.125;
   static constexpr int kBins = 512;  ///< |z| in [0, 64); the last bin holds everything above
   static constexpr int kResolutionBins = 4 * 48 + 1;  ///< log2 β in [−40, 8), last bin: none
+  void record_residual(double got, double rounded, double noise_scale);
   static int resolution_bin(double beta);
   static double resolution_at(const std::vector<std::int64_t>& histogram, std::int64_t total,
                               double q);
