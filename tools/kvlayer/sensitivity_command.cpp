@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.hpp"
@@ -156,7 +157,8 @@ Parts attend(const Setup& s, int row, std::int64_t n, double scale, std::int64_t
   p.a_split = p.a;
   p.l.assign(kGqa, 0.0);
   p.l_split.assign(kGqa, 0.0);
-  for (int h = 0; h < kGqa; ++h) {
+  // One thread per query head: a 128K-key verify sweep is minutes of float64 arithmetic.
+  const auto one_head = [&](int h) {
     std::vector<double> score(static_cast<std::size_t>(n));
     double top = -INFINITY;
     for (std::int64_t t = 0; t < n; ++t) {
@@ -176,7 +178,10 @@ Parts attend(const Setup& s, int row, std::int64_t n, double scale, std::int64_t
         if (t >= split_begin) p.a_split[std::size_t(h)][std::size_t(e)] += x;
       }
     }
-  }
+  };
+  std::vector<std::thread> threads;
+  for (int h = 0; h < kGqa; ++h) threads.emplace_back(one_head, h);
+  for (std::thread& t : threads) t.join();
   return p;
 }
 
@@ -208,10 +213,14 @@ double worst_ratio(const std::vector<double>& planted, const std::vector<double>
 }
 
 int run(const std::vector<std::string>& args) {
-  const Options o(args, {"longest", "seed", "rows"}, {"gpu"});
+  const Options o(args, {"longest", "seed", "rows", "head-dim"}, {"gpu"});
   const std::int64_t longest = o.integer("longest", kBuckets[4], 1, kBuckets[4]);
   const int rows = int(o.integer("rows", 1, 1, cuda::kMaxVerify));
   const bool gpu = o.flag("gpu");
+  const int only_head_dim = int(o.integer("head-dim", 0, 0, 1 << 20));
+  if (only_head_dim != 0 && !cuda::head_dim_supported(only_head_dim))
+    throw UsageError("--head-dim " + std::to_string(only_head_dim) +
+                     " is not a supported head dim (" + cuda::supported_head_dims() + ")");
 #ifndef KVLAYER_WITH_CUDA
   if (gpu) throw UsageError("--gpu needs a build with the CUDA layer (this one has none)");
 #endif
@@ -239,7 +248,7 @@ int run(const std::vector<std::string>& args) {
   std::printf(" %16s %16s %16s  %s\n", "drop first", "drop last", "no plant", "self-check");
   for (const int D : cuda::kSupportedHeadDims)
     for (const std::int64_t keys : kBuckets) {
-      if (keys > longest) continue;
+      if (keys > longest || (only_head_dim != 0 && D != only_head_dim)) continue;
       for (const Data data : {Data::normal, Data::peaked}) {
         Appender also_append;
         std::vector<float> got;  // the GPU's decode (GPU mode)
@@ -393,7 +402,7 @@ int run(const std::vector<std::string>& args) {
 const Command& sensitivity_command() {
   static const Command c{
       "sensitivity", "the smallest systematic decode error the bound catches, per view length",
-      "usage: kvlayer sensitivity [--longest N] [--seed S] [--rows T] [--gpu]\n"
+      "usage: kvlayer sensitivity [--longest N] [--seed S] [--rows T] [--head-dim D] [--gpu]\n"
       "  On the reference (float64, no GPU): for each supported head dim, view length (1K, 4K,\n"
       "  16K, 64K, 128K keys, up to N) and data kind (normal; peaked: four dominant keys with\n"
       "  distinct values, at the first key, the middle, three quarters in and the last key), "
@@ -408,6 +417,7 @@ const Command& sensitivity_command() {
       "  to its decode (the GPU's own rounding stays in), the bound is the launch's, and each\n"
       "  cell also says the smallest plant the statistical check (systematic_check.hpp) sees\n"
       "  at |z| >= 5.\n"
+      "  --head-dim D: that head dim only (default: every supported one).\n"
       "  Defaults: N 131072, S 1.\n",
       run};
   return c;
