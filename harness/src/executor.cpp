@@ -604,8 +604,6 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
     stats_.tightness.record(got, x.bound, i);
     launch.record(got, want, x.bound, i);
   }
-  // Every element within its bound, and yet a systematic error the launch's residuals show.
-  if (launch.alarmed()) return x.name + ": " + launch.alarm_text();
   launch.end_launch();
   stats_.systematic.add(launch);
   const std::size_t rows = x.out->size() / (std::size_t(n_q_heads_) * std::size_t(g.head_dim_v));

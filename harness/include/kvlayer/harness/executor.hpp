@@ -36,7 +36,7 @@ struct Stats {
   double worst_error = 0;        ///< the error at that element
   double worst_bound = 0;        ///< and its bound
   ref::BoundTightness tightness; ///< over every element compared with a bound
-  ref::SystematicCheck systematic;  ///< issue #34's statistic per decode launch
+  ref::SystematicCheck systematic;  ///< issue #34's statistic per decode launch (report only)
   /// The same by kernel path ("decode d128": one query; "verify d128": T ≥ 2 rows), whose
   /// clean distributions the statistic's threshold is to be calibrated on, path by path.
   std::map<std::string, ref::SystematicCheck> systematic_by_path;

@@ -1,5 +1,6 @@
-// The statistical check of issue #34, a second check beside the rigorous bound (accuracy.hpp):
-// where the bound cannot resolve a small systematic error, the residuals of a whole launch can.
+// The statistical check of issue #34, in report-only form until its false-alarm rate has been
+// measured on clean GPU runs (bench/NOTES.md): where the rigorous bound (accuracy.hpp) cannot
+// resolve a small systematic error, the residuals of a whole launch can.
 //
 // Error model. A launch's residuals r_e = got_e − õ_e (õ: the float64 decode of fp16(q), the
 // bound's `rounded`) are, for a correct kernel, rounding noise: per element of mean ~0 and
@@ -17,15 +18,13 @@
 // β·sqrt(elements). (1/a² weights, optimal were the noise exactly proportional to a, let the
 // few elements of tiny a dominate both sums, which caps z near the root of their number; unit
 // weights let the noisiest elements hide an offset: measured on synthetic launches.)
-// The threshold: a launch of at least kMinElements elements fails at |z| ≥ kAlarmZ = 8 along
-// either signature. Under the null P(|z| ≥ 8) ≈ 1e-15 per launch for a normal z; the margin is
-// for launches whose few dominant elements give z a heavier tail. Its false-alarm rate on clean
-// GPU runs, per kernel path: bench/NOTES.md (every campaign and GPU suite prints |z|'s
-// distribution per path, `systematic check [decode d128]`, …).
+// Declared so far: the statistic and its report. Not yet declared: the threshold, which waits
+// for the distribution of |z| over ≥ 10^8 clean elements per kernel path (the campaign and
+// the GPU suites print it); until then nothing fails on it.
 //
 // Resolution per launch (issue #34: what a run would have caught, not only pass or fail): the
 // smallest relative output error β (got → got + β·õ, the worse of its two signs) that would
-// have failed the launch's bound somewhere, and the smallest that would have reached kAlarmZ
+// have failed the launch's bound somewhere, and the smallest that would have reached |z| ≥ 5
 // along õ (closed form: z(β)² = (A + βB)² / (C + 2βD + β²E) from five sums of the launch).
 #pragma once
 
@@ -45,10 +44,9 @@ class SystematicCheck {
   static constexpr int kSignatures = 2;
   /// Launches with fewer compared elements carry no evidence (z of a handful is noise).
   static constexpr std::int64_t kMinElements = 64;
-  /// The declared threshold: a launch of at least kMinElements compared elements whose |z|
-  /// along either signature reaches it fails (alarmed()). Calibrated on clean GPU runs (the
-  /// false-alarm rate and the data: bench/NOTES.md, session 18).
-  static constexpr double kAlarmZ = 8.0;
+  /// |z| at or above this is counted in the report ("alarms"): a reporting line, not yet a
+  /// declared threshold.
+  static constexpr double kReportZ = 5.0;
 
   /// One compared element of the launch in progress: the system's value, õ and its noise
   /// scale a > 0 (an element with a ≤ 0 or a non-finite input is not recorded).
@@ -56,12 +54,6 @@ class SystematicCheck {
   /// The same for element i of a decode compared with its bound (want: the reference output);
   /// also feeds the launch's bound resolution.
   void record(double got, double want, const DecodeBound& b, std::size_t i);
-  /// Whether the launch in progress fails the statistic: at least kMinElements elements and
-  /// |z| ≥ kAlarmZ along õ or along the constant.
-  bool alarmed() const;
-  /// Why it failed, for a report: "systematic check: |z| Z along o~ over N elements reaches
-  /// the declared threshold T (...)".
-  std::string alarm_text() const;
   /// Closes the launch in progress: its z per signature enters the distribution (launches of
   /// fewer than kMinElements elements are counted apart and left out).
   void end_launch();
@@ -78,15 +70,15 @@ class SystematicCheck {
   double current_z(Signature s) const;
   /// For the launch in progress: the smallest relative output error (worse sign) the bound
   /// would have caught (+inf: none, or no element recorded with its bound) and the statistic
-  /// at |z| ≥ kAlarmZ (+inf: none; 0: it already is there).
+  /// at |z| ≥ kReportZ (+inf: none; 0: it already is there).
   double current_bound_resolution() const;
   double current_statistic_resolution() const;
   /// Over the launches: the resolution at percentile q (upper bin edge, 4 bins per octave;
   /// +inf when the q-th launch caught nothing), for the bound and for the statistic.
   double bound_resolution(double q) const;
   double statistic_resolution(double q) const;
-  /// "systematic check: L launches of >= 64 elements (E elements, S smaller
-  /// launches left out); |z| along o~ p50 A p99 B max C (N >= 8), along 1 p50 … max … (N >= 8);
+  /// "systematic check (report only): L launches of >= 64 elements (E elements, S smaller
+  /// launches left out); |z| along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5);
   /// smallest relative output error caught per launch: bound p50 … p90 …, statistic p50 … p90 …"
   /// With a kernel path ("verify d128"), the line names it: "systematic check [verify d128] …".
   std::string summary(const std::string& path = "") const;
