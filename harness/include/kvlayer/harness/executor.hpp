@@ -37,8 +37,8 @@ struct Stats {
   double worst_bound = 0;        ///< and its bound
   ref::BoundTightness tightness; ///< over every element compared with a bound
   ref::SystematicCheck systematic;  ///< issue #34's statistic per decode launch (report only)
-  /// The same by kernel path ("decode d128": one query; "verify d128": T ≥ 2 rows), whose
-  /// clean distributions the statistic's threshold is to be calibrated on, path by path.
+  /// The same by kernel path ("decode d128": one query; "verify d128": T ≥ 2 rows): the
+  /// clean distribution of |z| differs by path (bench/NOTES.md, session 18).
   std::map<std::string, ref::SystematicCheck> systematic_by_path;
   Coverage coverage;             ///< what the system's launches reached (coverage.hpp)
   /// Wall-clock seconds spent in commands, and the parts of it in the system's calls (without
