@@ -194,9 +194,30 @@ __device__ __forceinline__ void store_run(const std::uint8_t* stage, std::uint8_
 /// window's copy is in flight while the current one is quantized (two stages per warp).
 /// NOTE: the stores are staged too: a lane storing its own block issues 17 scattered 16-bit
 /// stores per K block, which bounds the kernel whatever the loads do (bench/NOTES.md).
-template <DType T, AppendMode M>
+/// A batch append's block row y = position j: the arguments of one layer's append of the
+/// position's n rows to its sequence; false past the active list.
+template <DType T>
+__device__ __forceinline__ bool position_args(AppendArgs& a) {
+  const int j = int(blockIdx.y);
+  if (j >= *a.batch.n_active) return false;
+  const SequenceSlot s = a.batch.slots[a.batch.active[j]];
+  a.k_plane = s.k_plane;
+  a.v_plane = s.v_plane;
+  a.len_d = s.len_d;
+  a.base_d = s.base_d;
+  a.status = s.status;
+  const long long elements = (long long)j * a.n;  // rows before the position's
+  a.k = static_cast<const char*>(a.k) + elements * a.kv_dim_k * (T == DType::f32 ? 4 : 2);
+  a.v = static_cast<const char*>(a.v) + elements * a.kv_dim_v * (T == DType::f32 ? 4 : 2);
+  return true;
+}
+
+template <DType T, AppendMode M, bool kBatch>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendArgs a) {
   __shared__ Stage<T> stages_s[kWarps][2];
+  if constexpr (kBatch) {
+    if (!position_args<T>(a)) return;
+  }
   const int lane = int(threadIdx.x & 31u), warp = int(threadIdx.x >> 5);
   long long physical0 = a.physical_row0;
   long long logical0 = a.logical_row0;
@@ -307,15 +328,23 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) append_kernel(AppendAr
 
 template <DType T>
 cudaError_t launch_typed(const AppendArgs& a, AppendMode mode, dim3 grid, cudaStream_t s) {
+  const bool batch = a.batch.slots != nullptr;
   switch (mode) {
     case AppendMode::host:
-      append_kernel<T, AppendMode::host><<<grid, kThreads, 0, s>>>(a);
+      if (batch) return cudaErrorInvalidValue;  // a batch appends at its device counters
+      append_kernel<T, AppendMode::host, false><<<grid, kThreads, 0, s>>>(a);
       break;
     case AppendMode::dc:
-      append_kernel<T, AppendMode::dc><<<grid, kThreads, 0, s>>>(a);
+      if (batch)
+        append_kernel<T, AppendMode::dc, true><<<grid, kThreads, 0, s>>>(a);
+      else
+        append_kernel<T, AppendMode::dc, false><<<grid, kThreads, 0, s>>>(a);
       break;
     case AppendMode::dcw:
-      append_kernel<T, AppendMode::dcw><<<grid, kThreads, 0, s>>>(a);
+      if (batch)
+        append_kernel<T, AppendMode::dcw, true><<<grid, kThreads, 0, s>>>(a);
+      else
+        append_kernel<T, AppendMode::dcw, false><<<grid, kThreads, 0, s>>>(a);
       break;
   }
   return cudaGetLastError();
@@ -334,7 +363,12 @@ cudaError_t launch_append(const AppendArgs& a, AppendMode mode, cudaStream_t str
       err != cudaSuccess)
     return err;
   const long long wave = static_cast<long long>(sms) * kBlocksPerSm;
-  const dim3 grid(static_cast<unsigned>(std::min((blocks + kThreads - 1) / kThreads, wave)));
+  // A batch: one row of blocks per position, the wave shared between them.
+  const int positions = a.batch.slots != nullptr ? a.max_batch : 1;
+  if (positions < 1) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>(
+                      std::min((blocks + kThreads - 1) / kThreads, std::max(1LL, wave / positions))),
+                  static_cast<unsigned>(positions));
   switch (a.dtype) {
     case DType::f32:
       return launch_typed<DType::f32>(a, mode, grid, stream);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "batch_slots.hpp"
 #include "device_status.cuh"
 #include "kvlayer/dtype.hpp"
 
@@ -37,6 +38,11 @@ struct AppendArgs {
   std::int64_t rows = 0;                 ///< physical rows of each plane (dcw bound)
   std::int64_t max_ctx = 0;              ///< dc, dcw bound
   DeviceStatus* status = nullptr;
+  /// A batch append (SPEC §12, dc and dcw) when batch.slots != null: position j < *n_active
+  /// writes rows [j·n, (j + 1)·n) of k and v to sequence active[j] at its own counters (the
+  /// planes, len_d, base_d and status above are then unused); max_batch positions.
+  BatchList batch{};
+  int max_batch = 0;
 };
 
 /// Enqueues the append on `stream` (one thread per 32-value block). Capturable: reads the

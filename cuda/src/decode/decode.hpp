@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../batch_slots.hpp"
 #include "../device_status.cuh"
 #include "kvlayer/cuda/decode_options.hpp"
 #include "kvlayer/cuda/limits.hpp"
@@ -68,6 +69,9 @@ struct DecodePlan {
   /// decode_keys_per_split's balance: splits of at least split_balance·√n keys for a view of n
   /// (DecodeOptions::split_balance), so a short view takes fewer splits than the grid holds.
   int split_balance = 0;
+  /// A batch's plan (SPEC §12): select_split_kernel gives head dim 256 by 8 rows to the staged
+  /// kernel, whose sequences' planes need no per-plane tensor map.
+  bool batch = false;
   /// Verify decodes take at most this many splits (DecodeOptions::max_verify_splits; 0: no cap).
   int max_verify_splits = 0;
   /// gqa > 8: the query rows of a KV head run in two blocks of ≤ 8 rows (row_chunks) instead of
@@ -184,7 +188,20 @@ struct DecodeArgs {
   float scale = 0;
   void* scratch = nullptr;         ///< plan.scratch_bytes, allocated once
   DeviceStatus* status = nullptr;  ///< device errors (view too long / outside rows)
+  /// A batch launch (SPEC §12) when batch.slots != null: the sequences' planes, counters and
+  /// status come from the slots of the active list's entries (k_plane, v_plane, len_d, base_d
+  /// and status above are then unused); q and out hold a position of [T, ·, head_dim] per
+  /// entry of the list (position j: entry j), scratch max_batch · batch_scratch_stride(plan).
+  BatchList batch{};
+  int max_batch = 0;
+  bool windowed = false;  ///< a batch's views: _dcw (len_d and base_d); else _dc (len_d, base 0)
 };
+
+/// Scratch bytes of one position of a batch launch: plan.scratch_bytes rounded up to 256, so
+/// that every position's partials keep the alignment the kernels' vector accesses need.
+inline std::size_t batch_scratch_stride(const DecodePlan& plan) {
+  return (plan.scratch_bytes + 255) / 256 * 256;
+}
 
 /// Enqueues the decode (split kernel + merge) on stream. Capturable: no host sync, no
 /// allocation. A device-mode view longer than plan.max_view_keys, or outside the resident rows,

@@ -71,7 +71,7 @@ __device__ __forceinline__ float round_to_f16(float x) {
 
 /// One block per (split, KV head): online softmax over the split's keys for all gqa query
 /// heads; writes the unnormalised partial (o, m, l).
-template <int D, int GMAX>
+template <int D, int GMAX, bool kBatch>
 __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
     decode_split_kernel(const SplitParams p) {
   using S = Shape<D>;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   const int tid = threadIdx.x;
   const int G = p.gqa;
 
-  const SplitRange range = begin_split(p, D, T, MutantSite::decode_cuda_core);
+  const SplitRange range = begin_split<kBatch>(p, D, T, MutantSite::decode_cuda_core);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const int kv = range.kv;
   const long long lo = range.lo, hi = range.hi;
@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   for (int i = tid; i < G * D; i += kThreads) {
     const int g = i / D, e = i % D;
     q_s[(g * NB + e / 32) * S::kQStride + e % 32] = round_to_f16(
-        q_operand(p.q[((long long)kv * G + g) * D + e], p.scale, MutantSite::decode_cuda_core));
+        q_operand(range.q[((long long)kv * G + g) * D + e], p.scale, MutantSite::decode_cuda_core));
   }
 
-  const std::uint8_t* k_head = p.k_plane + (long long)kv * S::kKBytes;
-  const std::uint8_t* v_head = p.v_plane + (long long)kv * S::kVBytes;
+  const std::uint8_t* k_head = range.k_head;
+  const std::uint8_t* v_head = range.v_head;
   const long long n_keys = hi - lo;
   const int n_tiles = static_cast<int>((n_keys + T - 1) / T);
 
@@ -303,7 +303,10 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 
 template <int D, int GMAX>
 void launch_split(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  decode_split_kernel<D, GMAX><<<grid, kThreads, 0, stream>>>(sp);
+  if (sp.batch.list.slots != nullptr)
+    decode_split_kernel<D, GMAX, true><<<grid, kThreads, 0, stream>>>(sp);
+  else
+    decode_split_kernel<D, GMAX, false><<<grid, kThreads, 0, stream>>>(sp);
 }
 
 /// `rows`: the kernel's query-head capacity (select_split_kernel: 1, 2, 4, 8 or 16 ≥ gqa).

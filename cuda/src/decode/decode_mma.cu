@@ -199,7 +199,7 @@ struct ChunkWalk {
 /// 16 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
 /// are padding and skipped; else 16). kRows: a verify decode (SPEC §11): the block's row r is
 /// query r / gqa, which attends only the keys of its own causal window.
-template <int D, int GM, bool kRows>
+template <int D, int GM, bool kRows, bool kBatch>
 __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
     decode_split_mma_kernel(const SplitParams p) {
   using S = MmaShape<D>;
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
   const int G = p.gqa;
 
-  const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, MutantSite::decode_mma);
+  const SplitRange range = begin_split<kBatch>(p, D, kDecodeMmaTileKeys, MutantSite::decode_mma);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const int kv = range.kv;
   const long long lo = range.lo, hi = range.hi;
@@ -223,7 +223,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   // a0: row g, slots 2t+e; a1: row g+8, slots 2t+e; a2: row g, 2t+8+e; a3: row g+8, 2t+8+e.
   unsigned qa[NB][2][kHi ? 4 : 2];
   {
-    const float* q_kv = p.q + (long long)kv * G * D;
+    const float* q_kv = range.q + (long long)kv * G * D;
     const int n_kv = int(gridDim.y);
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           const int row = g + (kHi ? 8 * (r & 1) : 0);
           const int h = kHi ? r >> 1 : r;
           const float* q_row =
-              kRows ? p.q + query_row_index(range.row0 + row, kv, G, n_kv) * D : q_kv + row * D;
+              kRows ? range.q + query_row_index(range.row0 + row, kv, G, n_kv) * D : q_kv + row * D;
           float x[2] = {0.0f, 0.0f};
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
@@ -251,8 +251,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const int ev_a = t < 3 ? 5 + t : 0, ev_b = t < 3 ? 5 + t : 8;
   const unsigned ev_sel = t < 3 ? 0x3210u : 0x5432u;
 
-  const std::uint8_t* k_head = p.k_plane + (long long)kv * S::kKBytes;
-  const std::uint8_t* v_head = p.v_plane + (long long)kv * S::kVBytes;
+  const std::uint8_t* k_head = range.k_head;
+  const std::uint8_t* v_head = range.v_head;
   const long long n_keys = hi - lo;
   const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);                 // warp tiles
   const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;  // this warp's
@@ -534,24 +534,31 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
 /// and the occupancy query (mma_split_resident_blocks) both apply exactly this, so a query never
 /// enables more than a launch would: the opt-in is per process, and a query that set it would let a
 /// launch succeed in that process that fails in a fresh one.
-template <int D, int GM, bool kRows = false>
+template <int D, int GM, bool kRows = false, bool kBatch = false>
 cudaError_t apply_launch_attributes() {
   constexpr int smem = MmaShape<D>::kSmemBytes;
   if constexpr (smem > 48 * 1024) {
     // Not a stream operation (legal while capturing); set per launch so every device the
     // process uses gets it.
-    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM, kRows>,
+    return cudaFuncSetAttribute(decode_split_mma_kernel<D, GM, kRows, kBatch>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   return cudaSuccess;
 }
 
+template <int D, int GM, bool kRows, bool kBatch>
+cudaError_t launch_instance(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  if (const cudaError_t err = apply_launch_attributes<D, GM, kRows, kBatch>(); err != cudaSuccess)
+    return err;
+  decode_split_mma_kernel<D, GM, kRows, kBatch>
+      <<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
+  return cudaGetLastError();
+}
+
 template <int D, int GM, bool kRows = false>
 cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  if (const cudaError_t err = apply_launch_attributes<D, GM, kRows>(); err != cudaSuccess)
-    return err;
-  decode_split_mma_kernel<D, GM, kRows><<<grid, kThreads, MmaShape<D>::kSmemBytes, stream>>>(sp);
-  return cudaGetLastError();
+  return sp.batch.list.slots != nullptr ? launch_instance<D, GM, kRows, true>(sp, grid, stream)
+                                   : launch_instance<D, GM, kRows, false>(sp, grid, stream);
 }
 
 /// Resident blocks per SM of decode_split_mma_kernel<D, GM> as launch() configures it.
@@ -559,7 +566,7 @@ template <int D, int GM>
 cudaError_t resident_blocks(int* blocks) {
   if (const cudaError_t err = apply_launch_attributes<D, GM>(); err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      blocks, decode_split_mma_kernel<D, GM, false>, kThreads, MmaShape<D>::kSmemBytes);
+      blocks, decode_split_mma_kernel<D, GM, false, false>, kThreads, MmaShape<D>::kSmemBytes);
 }
 
 }  // namespace

@@ -189,8 +189,9 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
 /// One block per (split, KV head); 4 independent warps, warp w owning warp tiles w, w + 4, ….
 /// Head dim kD (128 or 256: kD / 128 slices); kNT mma n-tiles of 8 query heads each (head
 /// 8·n + g of n-tile n). kBulk (head dim 256): the tiles come through the warp's BulkRing on the
-/// copy engine instead of straight into registers.
-template <int kD, int kNT, bool kBulk>
+/// copy engine instead of straight into registers. kBatch: the blocks of a batch launch
+/// (begin_split); the tensor maps are then unused (a batch's planes are many).
+template <int kD, int kNT, bool kBulk, bool kBatch>
 __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT))
     decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
   constexpr int kSlices = kD / kSliceDims;
@@ -214,7 +215,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   static_assert(!kBulk || sizeof(OStage) <= Ring::kBytes);
   OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
 
-  const SplitRange range = begin_split(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
+  const SplitRange range =
+      begin_split<kBatch>(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
   const int kv = range.kv;
@@ -253,11 +255,11 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
     __syncwarp();
     if (lane < 16)
       bulk_copy_to_shared(stage + row * Ring::kKBytes,
-                          p.k_plane + (long long)kv * Ring::kKBytes + phys * p.k_tok_bytes,
+                          range.k_head + phys * p.k_tok_bytes,
                           Ring::kKBytes, bar);
     else
       bulk_copy_to_shared(stage + kWK * Ring::kKBytes + row * Ring::kVBytes,
-                          p.v_plane + (long long)kv * Ring::kVBytes + phys * p.v_tok_bytes,
+                          range.v_head + phys * p.v_tok_bytes,
                           Ring::kVBytes, bar);
   };
   if constexpr (kBulk) {
@@ -277,7 +279,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {
     const int head = 8 * n + g;
-    const float* q_head = p.q + ((long long)kv * G + range.row0 + head) * kD;
+    const float* q_head = range.q + ((long long)kv * G + range.row0 + head) * kD;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b)
 #pragma unroll
@@ -301,9 +303,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   const unsigned qh_sel = hv ? 0x7531u : 0x6420u;  // qh bytes hv, hv + 2 of two keys
   const unsigned bias_low = 0x64006400u, bias_high = 0x54005400u;  // see v_quant_f16x2
 
-  const std::uint8_t* k_head = p.k_plane + (long long)kv * k_head_bytes(kD);
-  const std::uint8_t* v_head =
-      p.v_plane + (long long)kv * v_head_bytes(kD) + kQ5_1BlockBytes * (g >> 1);
+  const std::uint8_t* k_head = range.k_head;
+  const std::uint8_t* v_head = range.v_head + kQ5_1BlockBytes * (g >> 1);
   const long long lo = range.lo, hi = range.hi;
   const long long n_keys = hi - lo;
   const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);
@@ -665,17 +666,24 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
                                              &o_s[0][0][0], kOStride);
 }
 
-/// The kernel instance for (head_dim, rows): 128 × 8 and 128 × 16 register-direct, 256 × 8 bulk,
-/// with its dynamic shared memory; null otherwise.
+/// The kernel instance for (head_dim, rows): 128 × 8 and 128 × 16 register-direct, 256 × 8 bulk
+/// (one layer's launches only: select_split_kernel gives a batch head dim 256 to the staged
+/// kernel), with its dynamic shared memory; null otherwise.
 struct DirectInstance {
   void (*kernel)(SplitParams, PlaneMaps) = nullptr;
   int smem = 0;
 };
-DirectInstance direct_kernel(int head_dim, int rows) {
-  if (head_dim == 128 && rows == 8) return {decode_split_mma_direct_kernel<128, 1, false>, 0};
-  if (head_dim == 128 && rows == 16) return {decode_split_mma_direct_kernel<128, 2, false>, 0};
-  if (head_dim == 256 && rows == 8)
-    return {decode_split_mma_direct_kernel<256, 1, true>, BulkRing::kBytes};
+DirectInstance direct_kernel(int head_dim, int rows, bool batch) {
+  if (head_dim == 128 && rows == 8)
+    return {batch ? decode_split_mma_direct_kernel<128, 1, false, true>
+                  : decode_split_mma_direct_kernel<128, 1, false, false>,
+            0};
+  if (head_dim == 128 && rows == 16)
+    return {batch ? decode_split_mma_direct_kernel<128, 2, false, true>
+                  : decode_split_mma_direct_kernel<128, 2, false, false>,
+            0};
+  if (head_dim == 256 && rows == 8 && !batch)
+    return {decode_split_mma_direct_kernel<256, 1, true, false>, BulkRing::kBytes};
   return {};
 }
 
@@ -750,7 +758,7 @@ PlaneMaps plane_maps(const SplitParams& sp) {
 
 cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
-  const DirectInstance k = direct_kernel(head_dim, rows);
+  const DirectInstance k = direct_kernel(head_dim, rows, sp.batch.list.slots != nullptr);
   if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
   const PlaneMaps maps = k.smem > 0 ? plane_maps(sp) : PlaneMaps{};
   k.kernel<<<grid, kThreads, k.smem, stream>>>(sp, maps);
@@ -758,7 +766,7 @@ cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int row
 }
 
 cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, int* blocks) {
-  const DirectInstance k = direct_kernel(head_dim, rows);
+  const DirectInstance k = direct_kernel(head_dim, rows, false);
   if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k.kernel, kThreads, k.smem);
 }

@@ -228,7 +228,7 @@ __device__ __forceinline__ float v_exact(const std::uint8_t* raw, int key, int d
 
 /// One block per (split, KV head, rows chunk of kGroupRows·WR). Warp (wr, wk) = (warp / WK,
 /// warp % WK).
-template <int D, int WR>
+template <int D, int WR, bool kBatch>
 __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
     decode_split_mma_verify_kernel(const SplitParams p) {
   using S = VerifyShape<D>;
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   constexpr MutantSite kSite = MutantSite::decode_mma_verify;
   extern __shared__ __align__(16) std::uint8_t smem[];
 
-  const SplitRange range = begin_split(p, D, kDecodeMmaTileKeys, kSite);
+  const SplitRange range = begin_split<kBatch>(p, D, kDecodeMmaTileKeys, kSite);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
   const int kv = range.kv;
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   for (int nt = 0; nt < kNTiles; ++nt) {
     const int row = kGR * wr + 8 * nt + g;
     const bool real = row < range.nrows;
-    const float* q_row = p.q + query_row_index(range.row0 + (real ? row : 0), kv, G, n_kv) * D;
+    const float* q_row = range.q + query_row_index(range.row0 + (real ? row : 0), kv, G, n_kv) * D;
 #pragma unroll
     for (int ks = 0; ks < kDimTiles; ++ks)
 #pragma unroll
@@ -328,8 +328,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
       for (int e = 0; e < 4; ++e) o[nt][dm][e] = 0.0f;
   }
 
-  const std::uint8_t* k_head = p.k_plane + (long long)kv * S::kKBytes;
-  const std::uint8_t* v_head = p.v_plane + (long long)kv * S::kVBytes;
+  const std::uint8_t* k_head = range.k_head;
+  const std::uint8_t* v_head = range.v_head;
   const int n_tiles = (n_keys + kTile - 1) / kTile;
   auto valid_of = [&](int i) { return min(kTile, n_keys - kTile * i); };
   // ldmatrix row addresses of this lane within an m-tile: K (keys l % 8 + 8·(l / 8 % 2), dims
@@ -579,24 +579,30 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   }
 }
 
-template <int D, int WR>
-cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+template <int D, int WR, bool kBatch>
+cudaError_t launch_instance(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
   // Not a stream operation (legal while capturing); set per launch so every device the process
   // uses gets it.
   constexpr int kBytes = VerifyShape<D>::kBytes;
   if (const cudaError_t err =
-          cudaFuncSetAttribute(decode_split_mma_verify_kernel<D, WR>,
+          cudaFuncSetAttribute(decode_split_mma_verify_kernel<D, WR, kBatch>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
       err != cudaSuccess)
     return err;
-  decode_split_mma_verify_kernel<D, WR><<<grid, kThreads, kBytes, stream>>>(sp);
+  decode_split_mma_verify_kernel<D, WR, kBatch><<<grid, kThreads, kBytes, stream>>>(sp);
   return cudaGetLastError();
+}
+
+template <int D, int WR>
+cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  return sp.batch.list.slots != nullptr ? launch_instance<D, WR, true>(sp, grid, stream)
+                                   : launch_instance<D, WR, false>(sp, grid, stream);
 }
 
 template <int D, int WR>
 cudaError_t resident_blocks(int* blocks) {
   constexpr int kBytes = VerifyShape<D>::kBytes;
-  const auto kernel = decode_split_mma_verify_kernel<D, WR>;
+  const auto kernel = decode_split_mma_verify_kernel<D, WR, false>;
   if (const cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBytes);
       err != cudaSuccess)

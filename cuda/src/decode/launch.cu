@@ -15,6 +15,23 @@ namespace kvlayer::cuda::detail {
 
 using namespace decode_impl;  // NOLINT(google-build-using-namespace): the launchers
 
+namespace {
+
+/// A batch launch's BatchParams (SplitParams::batch); all zero for one layer's.
+BatchParams batch_params(const DecodeArgs& a, const DecodePlan& plan, int row_blocks) {
+  if (a.batch.slots == nullptr) return BatchParams{};
+  const long long floats = (long long)(a.queries > 1 ? a.queries : 1) * plan.n_kv_heads *
+                           plan.gqa * plan.head_dim;  // q and out per position
+  return BatchParams{a.batch,
+                     row_blocks,
+                     a.windowed,
+                     floats,
+                     floats,
+                     static_cast<long long>(batch_scratch_stride(plan))};
+}
+
+}  // namespace
+
 cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStream_t stream) {
   // Plan and arguments: refuse anything the kernels were not built for (no device work).
   const bool plan_ok = head_dim_supported(plan.head_dim) && plan.gqa >= 1 && plan.gqa <= kMaxGqa &&
@@ -31,12 +48,20 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const auto misaligned = [](const void* ptr) {
     return reinterpret_cast<std::uintptr_t>(ptr) % kDecodePlaneAlignment != 0;
   };
-  if (a.k_plane == nullptr || a.v_plane == nullptr || a.q == nullptr || a.out == nullptr ||
-      a.scratch == nullptr || misaligned(a.k_plane) || misaligned(a.v_plane) || a.rows < 0 ||
-      a.max_ctx < 0 || a.window < 0)
+  const bool batch = a.batch.slots != nullptr;
+  if (a.q == nullptr || a.out == nullptr || a.scratch == nullptr || a.rows < 0 || a.max_ctx < 0 ||
+      a.window < 0)
     return cudaErrorInvalidValue;
-  if (a.len_d != nullptr && a.status == nullptr) return cudaErrorInvalidValue;
-  if (a.len_d == nullptr) {
+  if (batch) {
+    // The slots' planes were checked when the batch wrote them (kv_batch.cpp).
+    if (!plan.batch || a.batch.active == nullptr || a.batch.n_active == nullptr ||
+        a.max_batch < 1)
+      return cudaErrorInvalidValue;
+  } else if (a.k_plane == nullptr || a.v_plane == nullptr || misaligned(a.k_plane) ||
+             misaligned(a.v_plane) || (a.len_d != nullptr && a.status == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.len_d == nullptr && !batch) {
     // Host mode: the same checks the device makes, made here so a bad view launches nothing.
     const long long len = a.host_len, base = a.host_base;
     const long long begin = view_begin(len, T, a.window);
@@ -63,9 +88,11 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        n_splits,
                        split_balance,
                        a.scratch,
-                       a.status};
+                       a.status,
+                       batch_params(a, plan, row_chunks(plan, T))};
+  const int positions = batch ? a.max_batch : 1;
   const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(plan.n_kv_heads),
-                  static_cast<unsigned>(row_chunks(plan, T)));
+                  static_cast<unsigned>(row_chunks(plan, T) * positions));
   cudaError_t err = cudaSuccess;
   switch (choice.kernel) {
     case SplitKernel::cuda_core:
@@ -99,8 +126,9 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        split_balance,
                        plan.n_kv_heads,
                        plan.head_dim,
-                       a.scratch};
-  return launch_merge(mp, stream);
+                       a.scratch,
+                       sp.batch};
+  return launch_merge(mp, positions, stream);
 }
 
 cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks) {

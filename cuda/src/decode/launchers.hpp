@@ -36,10 +36,11 @@ struct MergeParams {
   float* out;
   int gqa, n_splits, tile_keys, split_balance, n_kv, head_dim;
   void* scratch;
+  BatchParams batch;  ///< the split grid's (slots null: one layer)
 };
 
 /// merge.cu: enqueues the merge of every query row's partials as a programmatic dependent of
-/// the split grid just enqueued on `stream`.
-cudaError_t launch_merge(const MergeParams& mp, cudaStream_t stream);
+/// the split grid just enqueued on `stream`; `positions`: max_batch for a batch, else 1.
+cudaError_t launch_merge(const MergeParams& mp, int positions, cudaStream_t stream);
 
 }  // namespace kvlayer::cuda::detail::decode_impl

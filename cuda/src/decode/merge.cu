@@ -29,6 +29,8 @@ static_assert(kMergeCols == 32, "one lane per column in the sum");
 /// threads: merges the active splits' partials of one query row. Per output element the arithmetic
 /// is fixed: M = max of the m_i, w_i = exp2f((m_i − M)·log2e) (exactly 1 for the max), num and den
 /// summed by fmaf in split order, out = num / den. Writes nothing when the view is in error.
+/// kBatch: blockIdx.z is the position in the batch's active list (BatchParams).
+template <bool kBatch>
 __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const MergeParams p) {
   __shared__ __align__(16) float o_s[kMergeChunk][kMergeCols];
   __shared__ float l_s[kMergeChunk];
@@ -36,7 +38,19 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   __shared__ float red_s[kMergeThreads / 32];
   // The view first: the split grid does not write len_d or base_d (the work before it on the
   // stream, which does, has completed), so their round trip overlaps the split grid's tail.
-  const View view = resolve_view(p.view, MutantSite::decode_merge);
+  ViewParams view_params = p.view;
+  float* out = p.out;
+  void* scratch = p.scratch;
+  if constexpr (kBatch) {
+    const int j = int(blockIdx.z);
+    if (j >= *p.batch.list.n_active) return;
+    const SequenceSlot& slot = p.batch.list.slots[p.batch.list.active[j]];
+    view_params.len_d = slot.len_d;
+    view_params.base_d = p.batch.windowed ? slot.base_d : nullptr;
+    out += j * p.batch.out_stride;
+    scratch = static_cast<char*>(scratch) + j * p.batch.scratch_stride;
+  }
+  const View view = resolve_view(view_params, MutantSite::decode_merge);
   wait_for_split_grid();   // launched as a programmatic dependent of the split grid
   if (view.error) return;  // the split kernel recorded it
   const int D = p.head_dim;
@@ -47,13 +61,13 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   const int tid = threadIdx.x;
   const long long n = view.end - view.begin;
   if (n <= 0) {
-    if (tid < kMergeCols) p.out[out_row * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
+    if (tid < kMergeCols) out[out_row * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
     return;
   }
   const auto kps =
       static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, p.tile_keys, p.split_balance));
   const int active = static_cast<int>((static_cast<unsigned>(n) + kps - 1) / kps);  // 32-bit
-  const Scratch s = scratch_layout(p.scratch, p.n_kv, p.n_splits, rows, D);
+  const Scratch s = scratch_layout(scratch, p.n_kv, p.n_splits, rows, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
 
   // Copies splits [i0, i0 + chunk) of this block's columns (16-byte pieces) and their l.
@@ -108,20 +122,21 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
       }
     }
   }
-  if (tid < kMergeCols) p.out[out_row * D + col0 + tid] = num / den;
+  if (tid < kMergeCols) out[out_row * D + col0 + tid] = num / den;
 }
 
 }  // namespace
 
 namespace decode_impl {
 
-cudaError_t launch_merge(const MergeParams& mp, cudaStream_t stream) {
+cudaError_t launch_merge(const MergeParams& mp, int positions, cudaStream_t stream) {
   // Programmatic dependent launch: the merge grid may be scheduled while the split grid drains;
   // it waits for the split grid's completion (wait_for_split_grid) before reading scratch.
   // NOTE: saves the launch gap between the two kernels (bench/NOTES.md); graph-capturable.
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(mp.n_kv * query_rows(mp.view.queries, mp.gqa)),
-                        static_cast<unsigned>(mp.head_dim / kMergeCols));
+                        static_cast<unsigned>(mp.head_dim / kMergeCols),
+                        static_cast<unsigned>(positions));
   config.blockDim = dim3(kMergeThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute{};
@@ -129,7 +144,8 @@ cudaError_t launch_merge(const MergeParams& mp, cudaStream_t stream) {
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, decode_merge_kernel, mp);
+  return mp.batch.list.slots != nullptr ? cudaLaunchKernelEx(&config, decode_merge_kernel<true>, mp)
+                                   : cudaLaunchKernelEx(&config, decode_merge_kernel<false>, mp);
 }
 
 }  // namespace decode_impl

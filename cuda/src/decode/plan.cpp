@@ -162,7 +162,8 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
   }
   const int rows = plan.gqa <= 8 || plan.split_rows ? 8 : 16;
   if (plan.head_dim == 128) return {SplitKernel::mma_direct, rows};
-  if (plan.head_dim == 256 && rows == 8) return {SplitKernel::mma_bulk, rows};
+  if (plan.head_dim == 256 && rows == 8 && !plan.batch) return {SplitKernel::mma_bulk, rows};
+  if (plan.head_dim == 256) return {SplitKernel::mma_staged, 16};
   return {SplitKernel::mma_staged, rows};
 }
 

@@ -11,6 +11,7 @@
 #include "decode/pdl.cuh"
 #include "decode/softmax_state.cuh"
 #include "decode/view.cuh"
+#include "batch_slots.hpp"
 #include "device_status.cuh"
 #include "kvlayer/status.hpp"
 #include "mutants.cuh"
@@ -43,6 +44,17 @@ __host__ __device__ inline long long query_row_index(int r, int kv, int gqa, int
   return ((long long)(r / gqa) * n_kv + kv) * gqa + r % gqa;
 }
 
+/// What a batch launch adds to one layer's: the batch's slots and active list (batch_slots.hpp)
+/// and each position's share of q, out and scratch. Block z = j·row_blocks + its row block for
+/// position j. list.slots null: one layer's launch.
+struct BatchParams {
+  BatchList list;
+  int row_blocks;                  ///< blockIdx.z values per position
+  bool windowed;                   ///< views from len_d and base_d (_dcw); else len_d, base 0 (_dc)
+  long long q_stride, out_stride;  ///< floats of q and out per position
+  long long scratch_stride;        ///< bytes of scratch per position
+};
+
 struct SplitParams {
   ViewParams view;
   const std::uint8_t* k_plane;
@@ -54,13 +66,52 @@ struct SplitParams {
   int split_balance;  ///< decode_keys_per_split's balance (the plan's; 0 for verify)
   void* scratch;
   DeviceStatus* status;
+  BatchParams batch;
 };
+
+/// The sequence a block works for, from the block's z: its view source, planes, queries,
+/// scratch and status.
+struct SequenceWork {
+  ViewParams view;
+  const std::uint8_t* k_plane;
+  const std::uint8_t* v_plane;
+  const float* q;
+  void* scratch;
+  DeviceStatus* status;
+  bool present;  ///< false: a position past the active list (nothing to do)
+};
+
+/// A batch launch's block: position j = z / row_blocks of the active list, its sequence's slot,
+/// and the position's q and scratch.
+__device__ __forceinline__ SequenceWork sequence_work(const SplitParams& p) {
+  SequenceWork w{p.view, p.k_plane, p.v_plane, p.q, p.scratch, p.status, true};
+  const BatchParams& b = p.batch;
+  const int j = int(blockIdx.z) / b.row_blocks;
+  if (j >= *b.list.n_active) {
+    w.present = false;
+    return w;
+  }
+  const SequenceSlot s = b.list.slots[b.list.active[j]];
+  w.view.len_d = s.len_d;
+  w.view.base_d = b.windowed ? s.base_d : nullptr;
+  w.k_plane = s.k_plane;
+  w.v_plane = s.v_plane;
+  w.status = s.status;
+  w.q = p.q + j * b.q_stride;
+  w.scratch = static_cast<char*>(p.scratch) + j * b.scratch_stride;
+  return w;
+}
 
 /// What one split block attends and where its partial goes: keys [lo, hi) at physical row
 /// key − base; its query rows [row0, row0 + nrows) of the KV head (all of them, unless a
 /// verify grid splits them over blockIdx.z), partial o[nrows][D], m[nrows], l[nrows].
 struct SplitRange {
   int kv;  ///< the KV head (see begin_split)
+  /// The sequence's bases for this block: the KV head's first K and V bytes in row 0 of its
+  /// planes (a key at physical row r is r·tok_bytes further) and its queries (q[T][heads][D]).
+  const std::uint8_t* k_head;
+  const std::uint8_t* v_head;
+  const float* q;
   long long lo, hi, base;
   long long len;  ///< the view's end: the last query sits at len − 1
   int row0, nrows;
@@ -70,36 +121,48 @@ struct SplitRange {
   bool active;  ///< false: nothing left to do (view error recorded, empty view or empty split)
 };
 
-/// The prologue every split kernel shares (block-uniform, before any barrier): resolves and
-/// checks the view (recording a device error once), picks the block's (KV head, split) and
-/// lets the merge grid launch early (allow_merge_launch). A view of n keys needs active =
-/// ceil(n / keys_per_split) splits per KV head, at most the grid's: the blocks of linear index
-/// blockIdx.x + gridDim.x·blockIdx.y below active·n_kv take (KV head, split) = (index % n_kv,
-/// index / n_kv) and the rest have nothing to do, so that the working blocks are the first
-/// ones the GPU places, spread evenly over the SMs, and blocks placed together read the same
-/// keys of neighbouring KV heads, i.e. neighbouring bytes of the same token rows (faster at long
-/// views than splits of one head placed together; bench/NOTES.md). An active split with
-/// no keys (a planted mutant's) writes the empty partial (m = sentinel, l = 0, o = 0).
-/// tile_keys is the kernel's partition granule (decode_keys_per_split); site names the kernel
-/// (mutant reach).
+/// The prologue every split kernel shares (block-uniform, before any barrier): finds the
+/// block's sequence (sequence_work), resolves and checks its view (recording a device error
+/// once per sequence), picks the block's (KV head, split) and lets the merge grid launch early
+/// (allow_merge_launch). A view of n keys needs active = ceil(n / keys_per_split) splits per KV
+/// head, at most the grid's: the blocks of linear index blockIdx.x + gridDim.x·blockIdx.y below
+/// active·n_kv take (KV head, split) = (index % n_kv, index / n_kv) and the rest have nothing
+/// to do, so that the working blocks are the first ones the GPU places, spread evenly over the
+/// SMs, and blocks placed together read the same keys of neighbouring KV heads, i.e.
+/// neighbouring bytes of the same token rows (faster at long views than splits of one head
+/// placed together; bench/NOTES.md). An active split with no keys (a planted mutant's) writes
+/// the empty partial (m = sentinel, l = 0, o = 0). tile_keys is the kernel's partition granule
+/// (decode_keys_per_split); site names the kernel (mutant reach). The range hands the kernel
+/// every base it reads or writes: no kernel computes a pointer from the launch's parameters.
+template <bool kBatch = false>
 __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys,
                                          MutantSite site) {
   allow_merge_launch();
   SplitRange r{};
+  // One layer's launch reads its own parameters (w stays unused).
+  SequenceWork w{};
+  if constexpr (kBatch) {
+    w = sequence_work(p);
+    if (!w.present) return r;
+  }
+  const ViewParams& view_params = kBatch ? w.view : p.view;
   const int tid = threadIdx.x;
-  const int rows = query_rows(p.view.queries, p.gqa);
-  const int rows_per_block = verify_rows_per_block(rows, int(gridDim.z));
-  r.row0 = blockIdx.z * rows_per_block;
+  const int rows = query_rows(view_params.queries, p.gqa);
+  // The block's row block among the position's (blockIdx.z: one layer's launch).
+  const int row_blocks = kBatch ? p.batch.row_blocks : int(gridDim.z);
+  const int row_block = kBatch ? int(blockIdx.z) % p.batch.row_blocks : int(blockIdx.z);
+  const int rows_per_block = verify_rows_per_block(rows, row_blocks);
+  r.row0 = row_block * rows_per_block;
   r.nrows = rows - r.row0 < rows_per_block ? rows - r.row0 : rows_per_block;
-  if (KVLAYER_DEVICE_MUTANT(verify_last_row_block_short) && p.view.queries > 16 &&
-      blockIdx.z + 1 == gridDim.z && r.nrows > 1) {
+  if (KVLAYER_DEVICE_MUTANT(verify_last_row_block_short) && view_params.queries > 16 &&
+      row_block + 1 == row_blocks && r.nrows > 1) {
     --r.nrows;  // planted bug: the last row block of a verify of T > 16 drops its last row
     KVLAYER_MUTANT_REACHED(site);
   }
-  const View view = resolve_view(p.view, site);
+  const View view = resolve_view(view_params, site);
   if (view.error) {
     if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
-      record_device_error(p.status, int(DeviceErrorKind::decode_view_too_long), view.len, view.base,
+      record_device_error(kBatch ? w.status : p.status, int(DeviceErrorKind::decode_view_too_long), view.len, view.base,
                           view.limit);
     return r;
   }
@@ -113,7 +176,7 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   if (index >= active * gridDim.y) return r;  // not needed by this view
   r.kv = static_cast<int>(index % gridDim.y);
   const unsigned split = index / gridDim.y;
-  const Scratch scratch = scratch_layout(p.scratch, gridDim.y, p.n_splits, rows, head_dim);
+  const Scratch scratch = scratch_layout(kBatch ? w.scratch : p.scratch, gridDim.y, p.n_splits, rows, head_dim);
   const long long part = (long long)r.kv * p.n_splits + split;  // partial index
   r.o = scratch.o + (part * rows + r.row0) * head_dim;
   r.m = scratch.m + part * rows + r.row0;
@@ -130,6 +193,9 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
     }
     return r;
   }
+  r.k_head = (kBatch ? w.k_plane : p.k_plane) + (long long)r.kv * k_head_bytes(head_dim);
+  r.v_head = (kBatch ? w.v_plane : p.v_plane) + (long long)r.kv * v_head_bytes(head_dim);
+  r.q = kBatch ? w.q : p.q;
   r.active = true;
   return r;
 }

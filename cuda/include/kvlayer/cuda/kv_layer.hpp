@@ -291,6 +291,7 @@ class KvLayer {
   float default_scale() const;
 
  private:
+  friend class KvBatch;  // its launches read the layers' planes, counters and status
   struct State;
   std::unique_ptr<State> s_;
 };
