@@ -7,6 +7,7 @@
 #include <cstring>
 #include <optional>
 
+#include "kvlayer/cuda/kv_batch.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/testing/cuda_snapshot.hpp"
@@ -52,6 +53,116 @@ Shared& shared() {
 void upload(void* dst, const void* src, std::size_t bytes, cudaStream_t stream) {
   KVLAYER_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
 }
+
+/// A batch (SPEC §12) on the shared stream: cuda::KvBatch behind the harness's interface.
+/// NOTE: its launches are not entered into the coverage table (which counts one layer's
+/// launches by their view); the batch command counts what it compared itself.
+class CudaBatchSystem final : public BatchSystem {
+ public:
+  CudaBatchSystem(const Geometry& g, int n_q_heads, int sequences, int max_verify,
+                  const cuda::DecodeOptions& options)
+      : batch_(g, n_q_heads, sequences, shared().stream.get(), max_verify, options),
+        per_query_(std::size_t(n_q_heads) * std::size_t(g.head_dim_v)) {}
+
+  void set_active(std::span<const int> sequences) override { batch_.set_active(sequences); }
+  void append(int i, const HostRows& rows) override { batch_.layer(i).append(stage(rows)); }
+  void reserve(int i, std::int64_t k) override { batch_.layer(i).reserve(k); }
+  void account_steps(int i, std::int64_t k) override { batch_.layer(i).account_steps(k); }
+  void rewind(int i, std::int64_t to) override { batch_.layer(i).rewind(to); }
+  void append_rows_dc(const HostRows& rows, int t, bool windowed) override {
+    cuda::RowsView view = stage(rows);
+    view.n = t;  // the CUDA batch takes T rows per position
+    windowed ? batch_.append_rows_dcw(view) : batch_.append_rows_dc(view);
+  }
+  void inc_seqlen(int t) override { batch_.inc_seqlen(t); }
+  std::vector<float> decode_rows_dc(std::span<const float> q, int t, bool windowed,
+                                    std::optional<float> scale) override {
+    const std::size_t n = outputs(t);
+    float* dq = static_cast<float*>(
+        Shared::ensure(shared().q, std::max<std::size_t>(q.size_bytes(), sizeof(float))));
+    upload(dq, q.data(), q.size_bytes(), stream());
+    float* dout = static_cast<float*>(Shared::ensure(shared().out, n * sizeof(float)));
+    poison(dout, n);
+    windowed ? batch_.decode_rows_dcw(dq, dout, t, scale) : batch_.decode_rows_dc(dq, dout, t, scale);
+    return download(dout, n);
+  }
+  std::vector<std::vector<float>> graph_chain(const std::vector<std::vector<int>>& lists,
+                                              const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>& queries,
+                                              bool windowed, std::optional<float> scale) override {
+    const Geometry& g = batch_.geometry();
+    const std::size_t n = outputs(1), positions = std::size_t(batch_.max_batch());
+    const std::size_t elem = dtype_size(rows.front().dtype);
+    DeviceBuffer k(positions * std::size_t(g.kv_dim_k()) * elem);
+    DeviceBuffer v(positions * std::size_t(g.kv_dim_v()) * elem);
+    DeviceBuffer q(positions * per_query_ * sizeof(float)), out(n * sizeof(float));
+    const cuda::RowsView view{k.get(), v.get(), 1, rows.front().dtype};
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    KVLAYER_CUDA_TRY(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+    try {
+      windowed ? batch_.append_rows_dcw(view) : batch_.append_rows_dc(view);
+      batch_.inc_seqlen(1);
+      windowed ? batch_.decode_rows_dcw(q.as<float>(), out.as<float>(), 1, scale)
+               : batch_.decode_rows_dc(q.as<float>(), out.as<float>(), 1, scale);
+    } catch (...) {
+      cudaGraph_t partial = nullptr;
+      (void)cudaStreamEndCapture(stream(), &partial);
+      if (partial) (void)cudaGraphDestroy(partial);
+      throw;
+    }
+    const cuda::Graph graph = cuda::Graph::end_capture(stream());
+    std::vector<std::vector<float>> result;
+    for (std::size_t r = 0; r < lists.size(); ++r) {
+      batch_.set_active(lists[r]);
+      for (const int i : lists[r]) batch_.layer(i).reserve(1);
+      upload(k.get(), rows[r].k_bytes.data(), rows[r].k_bytes.size(), stream());
+      upload(v.get(), rows[r].v_bytes.data(), rows[r].v_bytes.size(), stream());
+      upload(q.get(), queries[r].data(), queries[r].size() * sizeof(float), stream());
+      poison(out.as<float>(), n);
+      graph.launch(stream());
+      result.push_back(download(out.as<float>(), n));
+      for (const int i : lists[r]) batch_.layer(i).account_steps(1);
+    }
+    // The graph's buffers are freed when this returns: let the last replay finish first.
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    return result;
+  }
+  Snapshot snapshot(int i) override {
+    return testing::snapshot(batch_.layer(i), testing::Tails::read);
+  }
+  kvlayer::AccumulationShape accumulation_shape(int t) override {
+    return batch_.accumulation_shape(t);
+  }
+
+ private:
+  cudaStream_t stream() const { return batch_.stream(); }
+  std::size_t outputs(int t) const {
+    return std::size_t(batch_.max_batch()) * std::size_t(std::max(t, 1)) * per_query_;
+  }
+  cuda::RowsView stage(const HostRows& rows) {
+    // At least one byte each: an empty active list still passes valid pointers.
+    void* dk = Shared::ensure(shared().k, std::max<std::size_t>(rows.k_bytes.size(), 16));
+    void* dv = Shared::ensure(shared().v, std::max<std::size_t>(rows.v_bytes.size(), 16));
+    upload(dk, rows.k_bytes.data(), rows.k_bytes.size(), stream());
+    upload(dv, rows.v_bytes.data(), rows.v_bytes.size(), stream());
+    return cuda::RowsView{dk, dv, rows.n, rows.dtype};
+  }
+  void poison(float* dout, std::size_t n) {
+    if (poison_.size() < n) poison_.assign(n, std::bit_cast<float>(kPoisonBits));
+    upload(dout, poison_.data(), n * sizeof(float), stream());
+  }
+  std::vector<float> download(const float* dout, std::size_t n) {
+    std::vector<float> host(n);
+    KVLAYER_CUDA_TRY(cudaMemcpyAsync(host.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost,
+                                     stream()));
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream()));
+    return host;
+  }
+
+  cuda::KvBatch batch_;
+  std::size_t per_query_;  ///< one query's output values: n_q_heads · head_dim_v
+  std::vector<float> poison_;
+};
 
 class CudaSystem final : public System {
  public:
@@ -202,6 +313,11 @@ class CudaSystem final : public System {
   void take_coverage(Coverage& into) override {
     into.add(coverage_);
     coverage_ = Coverage{};
+  }
+
+  std::unique_ptr<BatchSystem> make_batch(int sequences) override {
+    return std::make_unique<CudaBatchSystem>(layer_.geometry(), n_q_heads_, sequences,
+                                             max_verify_, options_);
   }
 
  private:

@@ -55,6 +55,64 @@ class Stopwatch {
   std::chrono::steady_clock::time_point start_;
 };
 
+/// Forwards every call of a batch (SPEC §12) as TimedSystem does its layer's: timed, watched,
+/// its launches' coverage taken.
+class TimedBatchSystem final : public BatchSystem {
+  template <typename F>
+  auto timed(F&& f) {
+    struct TakeCoverage {
+      System& system;
+      Stats& stats;
+      ~TakeCoverage() { system.take_coverage(stats.coverage); }
+    } take{layer_system_, stats_};
+    const Stopwatch w(stats_.seconds_in_system);
+    const HangWatchdog::Call watched(watchdog_);
+    return f();
+  }
+
+ public:
+  TimedBatchSystem(std::unique_ptr<BatchSystem> inner, System& layer_system, Stats& stats,
+                   HangWatchdog* watchdog)
+      : inner_(std::move(inner)), layer_system_(layer_system), stats_(stats), watchdog_(watchdog) {}
+  void set_active(std::span<const int> sequences) override {
+    timed([&] { inner_->set_active(sequences); });
+  }
+  void append(int i, const HostRows& rows) override { timed([&] { inner_->append(i, rows); }); }
+  void reserve(int i, std::int64_t k) override { timed([&] { inner_->reserve(i, k); }); }
+  void account_steps(int i, std::int64_t k) override {
+    timed([&] { inner_->account_steps(i, k); });
+  }
+  void rewind(int i, std::int64_t to) override { timed([&] { inner_->rewind(i, to); }); }
+  void append_rows_dc(const HostRows& rows, int t, bool windowed) override {
+    timed([&] { inner_->append_rows_dc(rows, t, windowed); });
+  }
+  void inc_seqlen(int t) override { timed([&] { inner_->inc_seqlen(t); }); }
+  std::vector<float> decode_rows_dc(std::span<const float> q, int t, bool windowed,
+                                    std::optional<float> scale) override {
+    return timed([&] { return inner_->decode_rows_dc(q, t, windowed, scale); });
+  }
+  std::vector<std::vector<float>> graph_chain(const std::vector<std::vector<int>>& lists,
+                                              const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>& queries,
+                                              bool windowed, std::optional<float> scale) override {
+    return timed([&] { return inner_->graph_chain(lists, rows, queries, windowed, scale); });
+  }
+  Snapshot snapshot(int i) override {
+    const Stopwatch w(stats_.seconds_in_snapshots);
+    const HangWatchdog::Call watched(watchdog_);
+    return inner_->snapshot(i);
+  }
+  kvlayer::AccumulationShape accumulation_shape(int t) override {
+    return timed([&] { return inner_->accumulation_shape(t); });
+  }
+
+ private:
+  std::unique_ptr<BatchSystem> inner_;
+  System& layer_system_;  ///< whose take_coverage counts the batch's launches too
+  Stats& stats_;
+  HangWatchdog* watchdog_;
+};
+
 /// Forwards every call to the system under test, timing it into the campaign's Stats (so the
 /// summary can say where a case's time goes: model, system, read-backs or bounds).
 class TimedSystem final : public System {
@@ -135,6 +193,11 @@ class TimedSystem final : public System {
   }
   void restore_into_fresh(const kvlayer::Snapshot& s) override {
     timed([&] { inner_.restore_into_fresh(s); });
+  }
+  std::unique_ptr<BatchSystem> make_batch(int sequences) override {
+    std::unique_ptr<BatchSystem> batch = timed([&] { return inner_.make_batch(sequences); });
+    if (!batch) return nullptr;
+    return std::make_unique<TimedBatchSystem>(std::move(batch), inner_, stats_, watchdog_);
   }
   kvlayer::AccumulationShape accumulation_shape(DecodeVariant variant) override {
     return timed([&] { return inner_.accumulation_shape(variant); });

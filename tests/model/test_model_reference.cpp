@@ -148,7 +148,8 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
                 PhysicalRows{1, 3}, CanRewindTo{0}, GraphChain{4, 11, true}, StatusQuery{},
                 DraftStep{3, 21, DataKind::integers, true}, Verify{2, 8},
                 VerifyChain{5, 4, 13, true}};
-  c.commands.insert(c.commands.end(), {TakeSnapshot{}, Restore{false}, Restore{true}});
+  c.commands.insert(c.commands.end(), {TakeSnapshot{}, Restore{false}, Restore{true},
+                                       BatchSteps{3, 5, 19, false}, BatchSteps{8, 2, 23, true}});
   std::set<std::size_t> kinds;
   for (const Command& command : c.commands) kinds.insert(command.index());
   EXPECT_EQ(kinds.size(), std::variant_size_v<Command>) << "a command kind is missing here";
@@ -163,8 +164,9 @@ TEST(ReplayFile, RoundTripsEveryCommandKind) {
       "graph_chain steps=4 dcw seed=11", "status",
       "draft_step t=3 data=integers dcw seed=21", "decode_rows t=2 seed=8",
       "verify_chain rounds=5 t=4 dcw seed=13"};
-  const std::vector<std::string> snapshot_lines = {"snapshot", "restore into_fresh",
-                                                   "restore into_current"};
+  const std::vector<std::string> snapshot_lines = {
+      "snapshot", "restore into_fresh", "restore into_current",
+      "batch_steps sequences=3 steps=5 seed=19", "batch_chain sequences=8 steps=2 seed=23"};
   ASSERT_EQ(back.commands.size(), lines.size() + snapshot_lines.size());
   for (std::size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(describe(back.commands[i]), lines[i]);
   for (std::size_t i = 0; i < snapshot_lines.size(); ++i)

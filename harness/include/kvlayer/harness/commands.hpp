@@ -73,9 +73,10 @@ struct Verify;
 struct VerifyChain;
 struct TakeSnapshot;
 struct Restore;
+struct BatchSteps;
 using Command = std::variant<Append, AppendDc, IncSeqlen, AccountSteps, Reserve, Rewind, Decode,
                              PhysicalRows, CanRewindTo, GraphChain, StatusQuery, DraftStep, Verify,
-                             VerifyChain, TakeSnapshot, Restore>;
+                             VerifyChain, TakeSnapshot, Restore, BatchSteps>;
 
 struct GenView;  ///< what a generator sees (harness/src/draw.hpp)
 class Draw;      ///< the random choices a generator makes (harness/src/draw.hpp)
@@ -289,6 +290,29 @@ struct Restore {
     f.flag("into_current", c.into_current, "into_current", "into_fresh");
   }
   KVLAYER_HARNESS_COMMAND(Restore);
+};
+
+/// A batch (SPEC §12) of `sequences` fresh layers of the case's geometry, beside the case's own
+/// layer (which it leaves alone), driven through `steps` engine steps drawn from seed and
+/// compared with ref::KvBatch after every operation (each sequence's planes, counters and
+/// status; each output within its own sequence's bound, nothing written past the list or for
+/// a refused view). batch_steps: per step an active list (a subset in random order, empty now
+/// and then), reserve(T) and T rows per active sequence, inc_seqlen(T), a decode of T queries
+/// (T ≥ 2: a verify), account_steps(T), now and then a rewind. batch_chain: one captured step
+/// (T = 1) replayed `steps` times while the membership changes between replays.
+struct BatchSteps {
+  std::int64_t sequences;
+  std::int64_t steps;
+  std::uint64_t seed;
+  bool chain;
+  static constexpr std::array<std::string_view, 2> names{"batch_steps", "batch_chain"};
+  static constexpr auto named_by = &BatchSteps::chain;
+  static void fields(auto& c, auto& f) {
+    f.count("sequences", c.sequences, 1, 8);
+    f.count("steps", c.steps, 0, 64);
+    f.seed(c.seed);
+  }
+  KVLAYER_HARNESS_COMMAND(BatchSteps);
 };
 
 #undef KVLAYER_HARNESS_COMMAND

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -24,6 +25,41 @@ using testing::Snapshot;
 /// The bit pattern a system writes into decode outputs before a decode runs; an element still
 /// holding it was not written.
 inline constexpr std::uint32_t kPoisonBits = 0x7FC0DEADu;
+
+/// A batch of layers (SPEC §12) driven by the harness: made fresh by System::make_batch, of the
+/// case's geometry, n_q_heads, max_verify and decode plan. Every call throws kvlayer::Error
+/// exactly where the reference batch (ref::KvBatch) does.
+class BatchSystem {
+ public:
+  virtual ~BatchSystem() = default;
+  virtual void set_active(std::span<const int> sequences) = 0;
+  // One sequence's host operations (its layer's own).
+  virtual void append(int sequence, const HostRows& rows) = 0;
+  virtual void reserve(int sequence, std::int64_t k) = 0;
+  virtual void account_steps(int sequence, std::int64_t k) = 0;
+  virtual void rewind(int sequence, std::int64_t to) = 0;
+  // Batch operations over the active list; rows hold T rows per active sequence, in list order.
+  virtual void append_rows_dc(const HostRows& rows, int t, bool windowed) = 0;
+  virtual void inc_seqlen(int t) = 0;
+  /// Each active sequence's decode of its T queries (q [active, T, n_q_heads, head_dim_k]);
+  /// the output holds max_batch positions of [T, n_q_heads, head_dim_v], poisoned with
+  /// kPoisonBits before the launch (position j: the list's entry j).
+  virtual std::vector<float> decode_rows_dc(std::span<const float> q, int t, bool windowed,
+                                            std::optional<float> scale) = 0;
+  /// Captures one step (append of one row per active sequence → inc_seqlen(1) → decode) once,
+  /// then per round r: set_active(lists[r]), reserve(1) on each listed sequence, the round's
+  /// rows and queries written into the captured buffers (position-major, lists[r].size() of
+  /// each), one replay, account_steps(1) on each listed sequence. Returns each round's output (max_batch positions, poisoned
+  /// before each replay).
+  virtual std::vector<std::vector<float>> graph_chain(
+      const std::vector<std::vector<int>>& lists, const std::vector<HostRows>& rows,
+      const std::vector<std::vector<float>>& queries, bool windowed,
+      std::optional<float> scale) = 0;
+  /// Sequence i's whole state (synchronizes).
+  virtual Snapshot snapshot(int sequence) = 0;
+  /// The accumulation shape of a batch decode of T queries (every output row's bound).
+  virtual kvlayer::AccumulationShape accumulation_shape(int t) = 0;
+};
 
 /// A layer implementation driven by the harness. Every call throws kvlayer::Error exactly where
 /// the reference does (same message); state must then be unchanged.
@@ -88,6 +124,12 @@ class System {
   /// Moves what the system's decode launches reached since the last call into `into`
   /// (coverage.hpp); a system without kernels counts nothing.
   virtual void take_coverage(Coverage& into) { (void)into; }
+  /// A fresh batch of `sequences` layers (SPEC §12), or null for a system without batches (its
+  /// batch commands then run on the model alone, as a reference-only case does).
+  virtual std::unique_ptr<BatchSystem> make_batch(int sequences) {
+    (void)sequences;
+    return nullptr;
+  }
 };
 
 }  // namespace kvlayer::harness

@@ -1,0 +1,283 @@
+// batch_steps / batch_chain: a batch of fresh layers (SPEC §12) beside the case's layer, driven
+// through engine steps drawn from the command's seed and compared with ref::KvBatch after every
+// operation (commands.hpp, BatchSteps).
+#include <algorithm>
+#include <bit>
+#include <memory>
+#include <numeric>
+#include <string>
+
+#include "draw.hpp"
+#include "kvlayer/reference/kv_batch.hpp"
+#include "sides.hpp"
+
+namespace kvlayer::harness {
+namespace {
+
+/// A random active list: a random subset of [0, max_batch) in random order (empty now and then).
+std::vector<int> draw_active(int max_batch, Rng& rng) {
+  std::vector<int> all(static_cast<std::size_t>(max_batch));
+  std::iota(all.begin(), all.end(), 0);
+  for (std::size_t i = all.size(); i > 1; --i)
+    std::swap(all[i - 1], all[std::size_t(rng.range(0, std::int64_t(i) - 1))]);
+  all.resize(std::size_t(rng.chance(10) ? 0 : rng.range(1, max_batch)));
+  return all;
+}
+
+/// Both sides of one batch command: the reference batch and, with a system, its batch.
+class BatchSides {
+ public:
+  BatchSides(Sides& s, int sequences)
+      : s_(s),
+        model_(s.geometry(), sequences, s.model().max_verify()),
+        system_(s.system() ? s.system()->make_batch(sequences) : nullptr) {}
+
+  ref::KvBatch& model() { return model_; }
+  BatchSystem* system() { return system_.get(); }
+  int sequences() const { return model_.max_batch(); }
+
+  /// Runs model_call and (with a system) system_call: refused alike, or both accept.
+  template <typename M, typename F>
+  std::optional<std::string> both(const std::string& what, M&& model_call, F&& system_call) {
+    const Sides::Outcome o = s_.both(
+        [&] {
+          model_call();
+          return true;
+        },
+        [&] {
+          if (system_) system_call(*system_);
+          return true;
+        });
+    if (o.diff) return what + ": " + *o.diff;
+    return std::nullopt;
+  }
+
+  /// Every sequence's planes (and their zero tails), counters and status on both sides.
+  std::optional<std::string> compare(const std::string& after) {
+    if (!system_) return std::nullopt;
+    for (int i = 0; i < sequences(); ++i) {
+      const Snapshot got = system_->snapshot(i);
+      const Snapshot want = testing::snapshot(model_.layer(i));
+      std::string d;
+      if (got.k_plane != want.k_plane) d += " K plane differs;";
+      if (got.v_plane != want.v_plane) d += " V plane differs;";
+      const auto zero = [](const std::vector<std::uint8_t>& t) {
+        return std::all_of(t.begin(), t.end(), [](std::uint8_t b) { return b == 0; });
+      };
+      if (!zero(got.k_tail) || !zero(got.v_tail)) d += " a plane's tail was written;";
+      if (got.len != want.len || got.len_d != want.len_d || got.base != want.base ||
+          got.base_d != want.base_d)
+        d += " counters: system len " + std::to_string(got.len) + " len_d " +
+             std::to_string(got.len_d) + " base " + std::to_string(got.base) + " base_d " +
+             std::to_string(got.base_d) + ", model len " + std::to_string(want.len) + " len_d " +
+             std::to_string(want.len_d) + " base " + std::to_string(want.base) + " base_d " +
+             std::to_string(want.base_d) + ";";
+      if (!testing::same_status(got.status, want.status))
+        d += " status: system \"" + got.status.message() + "\", model \"" +
+             want.status.message() + "\";";
+      if (!d.empty()) return "after " + after + ", sequence " + std::to_string(i) + ":" + d;
+    }
+    return std::nullopt;
+  }
+
+  /// What a batch decode the model just ran must produce, per active entry (want: the model's
+  /// outputs): each within its sequence's bound over its own views, taken on the model's state
+  /// now (the bound needs the system's launch shape: none without a system).
+  std::vector<Sides::Expectation> expectations(
+      const std::string& what, const std::vector<float>& q, int t,
+      const std::vector<std::optional<std::vector<double>>>& want) {
+    std::vector<Sides::Expectation> xs;
+    if (!system_) return xs;
+    const Geometry& g = s_.geometry();
+    const std::size_t per_q =
+        std::size_t(t) * std::size_t(s_.n_q_heads()) * std::size_t(g.head_dim_k);
+    const AccumulationShape shape = system_->accumulation_shape(t);
+    for (std::size_t j = 0; j < want.size(); ++j) {
+      const int sequence = model_.active()[j];
+      Sides::Expectation x{what + " position " + std::to_string(j) + " (sequence " +
+                               std::to_string(sequence) + ")",
+                           want[j],
+                           {},
+                           {}};
+      if (x.out) {
+        const ref::KvLayer& layer = model_.layer(sequence);
+        const std::vector<ref::DecodeView> views =
+            ref::verify_views(g, layer.len_d(), g.window ? layer.base_d() : 0, t);
+        const std::span<const float> qj = std::span<const float>(q).subspan(j * per_q, per_q);
+        for (const ref::DecodeBound& b :
+             ref::decode_rows_bound(layer, qj, s_.n_q_heads(), std::nullopt, views, shape))
+          x.bound.append(b);
+      }
+      xs.push_back(std::move(x));
+    }
+    return xs;
+  }
+
+  /// A batch decode's output (max_batch positions of T queries) against its expectations:
+  /// position j < their number as expectation j says, every position past them unwritten.
+  std::optional<std::string> check(const std::string& what, const std::vector<float>& got, int t,
+                                   const std::vector<Sides::Expectation>& xs) {
+    const std::size_t per_out =
+        std::size_t(t) * std::size_t(s_.n_q_heads()) * std::size_t(s_.geometry().head_dim_v);
+    if (got.size() != per_out * std::size_t(sequences()))
+      return what + ": the system returned " + std::to_string(got.size()) + " values, expected " +
+             std::to_string(per_out * std::size_t(sequences()));
+    for (std::size_t j = 0; j < std::size_t(sequences()); ++j) {
+      const std::vector<float> mine(got.begin() + std::ptrdiff_t(j * per_out),
+                                    got.begin() + std::ptrdiff_t((j + 1) * per_out));
+      if (j < xs.size()) {
+        if (auto d = s_.check_decode(xs[j], mine)) return d;
+        continue;
+      }
+      for (std::size_t i = 0; i < mine.size(); ++i)
+        if (std::bit_cast<std::uint32_t>(mine[i]) != kPoisonBits)
+          return what + " position " + std::to_string(j) +
+                 " is past the active list, yet element " + std::to_string(i) + " was written";
+    }
+    return std::nullopt;
+  }
+
+ private:
+  Sides& s_;
+  ref::KvBatch model_;
+  std::unique_ptr<BatchSystem> system_;
+};
+
+/// Rows drawn for a step: gaussian mostly, needles now and then (peaked attention).
+DataKind step_data(Rng& rng) {
+  return rng.chance(20) ? DataKind::needles : DataKind::gaussian;
+}
+
+}  // namespace
+
+int BatchSteps::weight(const GenView&) {
+  return 2;
+}
+
+/// 1–8 sequences, up to 12 steps; a captured chain one time in three.
+BatchSteps BatchSteps::gen(const GenView&, Draw& d) {
+  const std::int64_t sequences = d.in_range64(1, 9);
+  const std::int64_t steps = d.in_range64(1, 13);
+  return BatchSteps{sequences, steps, d.seed(), d.in_range(0, 3) == 0};
+}
+
+/// The case's layer is left alone.
+void BatchSteps::apply(ref::KvLayer&) const {}
+
+std::optional<std::string> BatchSteps::run(Sides& s) const {
+  const Geometry& g = s.geometry();
+  if (sequences < 1 || sequences > 8 || steps <= 0) return std::nullopt;
+  const bool windowed = g.window.has_value();
+  BatchSides b(s, int(sequences));
+  ref::KvBatch& model = b.model();
+  Rng rng(seed);
+  // Every sequence at its own length first: a host append of up to a few hundred rows (a
+  // ring's legal appends are shorter; a refusal must then be alike on both sides).
+  for (int i = 0; i < b.sequences(); ++i) {
+    const std::int64_t most = std::min<std::int64_t>(g.max_ctx / 2, windowed ? *g.window : 600);
+    const std::int64_t n = rng.range(0, std::max<std::int64_t>(0, most));
+    if (n == 0) continue;
+    const HostRows rows = s.rows(n, rng.next(), step_data(rng));
+    if (auto d = b.both(
+            "append to sequence " + std::to_string(i),
+            [&] { model.layer(i).append(view_of(rows)); },
+            [&](BatchSystem& sys) { sys.append(i, rows); }))
+      return d;
+  }
+  if (auto d = b.compare("the sequences' first appends")) return d;
+  const int top = std::min(model.max_verify(), 8);
+  if (!chain) {
+    for (std::int64_t step = 0; step < steps; ++step) {
+      const std::string at = "step " + std::to_string(step);
+      const std::vector<int> active = draw_active(b.sequences(), rng);
+      if (auto d = b.both(
+              at + " set_active", [&] { model.set_active(active); },
+              [&](BatchSystem& sys) { sys.set_active(active); }))
+        return d;
+      const int t = int(rng.range(1, top));
+      for (const int i : active)
+        if (model.layer(i).len() + t > g.max_ctx) return std::nullopt;  // no room: done
+      for (const int i : active)
+        if (auto d = b.both(
+                at + " reserve", [&] { model.layer(i).reserve(t); },
+                [&](BatchSystem& sys) { sys.reserve(i, t); }))
+          return d;
+      const HostRows rows = s.rows(std::int64_t(active.size()) * t, rng.next(), step_data(rng));
+      if (auto d = b.both(
+              at + " append_rows",
+              [&] {
+                windowed ? model.append_rows_dcw(view_of(rows), t)
+                         : model.append_rows_dc(view_of(rows), t);
+              },
+              [&](BatchSystem& sys) { sys.append_rows_dc(rows, t, windowed); }))
+        return d;
+      if (auto d = b.compare(at + " append_rows")) return d;
+      if (auto d = b.both(
+              at + " inc_seqlen", [&] { model.inc_seqlen(t); },
+              [&](BatchSystem& sys) { sys.inc_seqlen(t); }))
+        return d;
+      if (auto d = b.compare(at + " inc_seqlen")) return d;
+      const std::vector<float> q = s.queries(std::int64_t(active.size()) * t, rng.next());
+      const auto want = windowed ? model.decode_rows_dcw(q, s.n_q_heads(), t)
+                                 : model.decode_rows_dc(q, s.n_q_heads(), t);
+      if (BatchSystem* sys = b.system()) {
+        const std::string what = at + " decode T " + std::to_string(t);
+        const std::vector<float> got = sys->decode_rows_dc(q, t, windowed, std::nullopt);
+        if (auto d = b.check(what, got, t, b.expectations(what, q, t, want))) return d;
+      }
+      if (auto d = b.compare(at + " decode")) return d;
+      for (const int i : active)
+        if (auto d = b.both(
+                at + " account_steps", [&] { model.layer(i).account_steps(t); },
+                [&](BatchSystem& sys) { sys.account_steps(i, t); }))
+          return d;
+      if (!active.empty() && rng.chance(30)) {
+        const int i = active[std::size_t(rng.range(0, std::int64_t(active.size()) - 1))];
+        const std::int64_t to = model.layer(i).len() - rng.range(0, t - 1);
+        if (model.layer(i).can_rewind_to(to))
+          if (auto d = b.both(
+                  at + " rewind", [&] { model.layer(i).rewind(to); },
+                  [&](BatchSystem& sys) { sys.rewind(i, to); }))
+            return d;
+      }
+      if (auto d = b.compare(at + " account_steps")) return d;
+    }
+    return std::nullopt;
+  }
+  // batch_chain: the model runs the rounds eagerly, each decode's expectation taken on the
+  // state it decoded; the system replays one captured step per round.
+  std::vector<std::vector<int>> lists;
+  std::vector<HostRows> rows;
+  std::vector<std::vector<float>> queries;
+  std::vector<std::vector<Sides::Expectation>> expected;
+  for (std::int64_t r = 0; r < steps; ++r) {
+    std::vector<int> active = draw_active(b.sequences(), rng);
+    std::erase_if(active, [&](int i) { return model.layer(i).len() + 1 > g.max_ctx; });
+    model.set_active(active);
+    for (const int i : active) model.layer(i).reserve(1);
+    rows.push_back(s.rows(std::int64_t(active.size()), rng.next(), step_data(rng)));
+    windowed ? model.append_rows_dcw(view_of(rows.back()), 1)
+             : model.append_rows_dc(view_of(rows.back()), 1);
+    model.inc_seqlen(1);
+    queries.push_back(s.queries(std::int64_t(active.size()), rng.next()));
+    const auto want = windowed ? model.decode_rows_dcw(queries.back(), s.n_q_heads(), 1)
+                               : model.decode_rows_dc(queries.back(), s.n_q_heads(), 1);
+    expected.push_back(
+        b.expectations("batch_chain round " + std::to_string(r), queries.back(), 1, want));
+    for (const int i : active) model.layer(i).account_steps(1);
+    lists.push_back(std::move(active));
+  }
+  BatchSystem* sys = b.system();
+  if (!sys) return std::nullopt;
+  const std::vector<std::vector<float>> got =
+      sys->graph_chain(lists, rows, queries, windowed, std::nullopt);
+  if (got.size() != lists.size())
+    return "batch_chain: the system returned " + std::to_string(got.size()) +
+           " rounds, expected " + std::to_string(lists.size());
+  for (std::size_t r = 0; r < got.size(); ++r)
+    if (auto d = b.check("batch_chain round " + std::to_string(r), got[r], 1, expected[r]))
+      return d;
+  return b.compare("the batch chain");
+}
+
+}  // namespace kvlayer::harness
