@@ -200,7 +200,12 @@ template <DType T>
 __device__ __forceinline__ bool position_args(AppendArgs& a) {
   const int j = int(blockIdx.y);
   if (j >= *a.batch.n_active) return false;
-  const SequenceSlot s = a.batch.slots[a.batch.active[j]];
+  int sequence = a.batch.active[j];
+  if (KVLAYER_DEVICE_MUTANT(batch_append_next_slot) && a.max_batch > 1) {
+    sequence = (sequence + 1) % a.max_batch;  // planted bug: the next sequence's write slot
+    if (blockIdx.x == 0 && threadIdx.x == 0) KVLAYER_MUTANT_REACHED(MutantSite::append);
+  }
+  const SequenceSlot s = a.batch.slots[sequence];
   a.k_plane = s.k_plane;
   a.v_plane = s.v_plane;
   a.len_d = s.len_d;

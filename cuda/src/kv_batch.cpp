@@ -30,6 +30,7 @@ struct KvBatch::State {
   DeviceBuffer n_active;    ///< int32
   DeviceBuffer scratch;     ///< max_batch · batch_scratch_stride(plan)
   std::vector<int> active_host;
+  bool list_written = false;  ///< set_active has written the device list (a mutant's state)
 
   const KvLayer::State& first() const { return *layers.front().s_; }
   int max_batch() const { return int(layers.size()); }
@@ -209,6 +210,12 @@ void KvBatch::set_active(std::span<const int> sequences) {
   }
   const DeviceGuard on(s.device);
   const std::vector<std::int32_t> entries(sequences.begin(), sequences.end());
+  // (planted bug: after its first list, the batch never writes the device list again)
+  if (KVLAYER_HOST_MUTANT(batch_stale_active_list) && s.list_written) {
+    s.active_host.assign(sequences.begin(), sequences.end());
+    return;
+  }
+  s.list_written = true;
   KVLAYER_CUDA_TRY_NAMED(
       detail::launch_set_active(s.active.as<std::int32_t>(), s.n_active.as<std::int32_t>(),
                                 entries.data(), int(entries.size()), s.stream),

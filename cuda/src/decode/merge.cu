@@ -44,9 +44,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
   if constexpr (kBatch) {
     const int j = int(blockIdx.z);
     if (j >= *p.batch.list.n_active) return;
-    const SequenceSlot& slot = p.batch.list.slots[p.batch.list.active[j]];
-    view_params.len_d = slot.len_d;
-    view_params.base_d = p.batch.windowed ? slot.base_d : nullptr;
+    view_params = batch_view(p.view, p.batch, j, MutantSite::decode_merge);
     out += j * p.batch.out_stride;
     scratch = static_cast<char*>(scratch) + j * p.batch.scratch_stride;
   }

@@ -81,9 +81,28 @@ struct SequenceWork {
   bool present;  ///< false: a position past the active list (nothing to do)
 };
 
+/// The view source of position j of a batch launch: its sequence's len_d (and base_d on a
+/// windowed batch), the layer constants of `view`. Shared by the split kernels and the merge.
+__device__ __forceinline__ ViewParams batch_view(ViewParams view, const BatchParams& b, int j,
+                                                 MutantSite site) {
+  const int n_active = *b.list.n_active;
+  int len_from = b.list.active[j], base_from = len_from;
+  if (KVLAYER_DEVICE_MUTANT(batch_neighbour_len_d) && j + 1 < n_active) {
+    len_from = b.list.active[j + 1];  // planted bug: the next entry's length
+    KVLAYER_MUTANT_REACHED(site);
+  }
+  if (KVLAYER_DEVICE_MUTANT(batch_first_base_d) && b.windowed && j > 0) {
+    base_from = b.list.active[0];  // planted bug: the first entry's ring base for every entry
+    KVLAYER_MUTANT_REACHED(site);
+  }
+  view.len_d = b.list.slots[len_from].len_d;
+  view.base_d = b.windowed ? b.list.slots[base_from].base_d : nullptr;
+  return view;
+}
+
 /// A batch launch's block: position j = z / row_blocks of the active list, its sequence's slot,
 /// and the position's q and scratch.
-__device__ __forceinline__ SequenceWork sequence_work(const SplitParams& p) {
+__device__ __forceinline__ SequenceWork sequence_work(const SplitParams& p, MutantSite site) {
   SequenceWork w{p.view, p.k_plane, p.v_plane, p.q, p.scratch, p.status, true};
   const BatchParams& b = p.batch;
   const int j = int(blockIdx.z) / b.row_blocks;
@@ -92,8 +111,7 @@ __device__ __forceinline__ SequenceWork sequence_work(const SplitParams& p) {
     return w;
   }
   const SequenceSlot s = b.list.slots[b.list.active[j]];
-  w.view.len_d = s.len_d;
-  w.view.base_d = b.windowed ? s.base_d : nullptr;
+  w.view = batch_view(p.view, b, j, site);
   w.k_plane = s.k_plane;
   w.v_plane = s.v_plane;
   w.status = s.status;
@@ -142,7 +160,7 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   // One layer's launch reads its own parameters (w stays unused).
   SequenceWork w{};
   if constexpr (kBatch) {
-    w = sequence_work(p);
+    w = sequence_work(p, site);
     if (!w.present) return r;
   }
   const ViewParams& view_params = kBatch ? w.view : p.view;
