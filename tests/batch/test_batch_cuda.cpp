@@ -223,7 +223,7 @@ TEST(CudaBatch, WindowedRingBatchEqualsTheReferenceBatch) {
   KVLAYER_REQUIRE_GPU();
   // Window 48, appends of up to 8 rows, slack 4: rebases every few steps.
   run_engine_steps(ring(2, 128, 100000, 48, 8, 4), 8, 5, 60, fresh_seed());
-  run_engine_steps(ring(1, 64, 100000, 200, 8, 8), 4, 4, 60, fresh_seed());
+  run_engine_steps(ring(1, 64, 100000, 64, 8, 8), 4, 4, 80, fresh_seed());
 }
 
 TEST(CudaBatch, ACapturedStepServesAChangingMembership) {
