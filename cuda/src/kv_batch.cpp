@@ -13,6 +13,7 @@
 #include "counters.hpp"
 #include "decode/decode.hpp"
 #include "kvlayer/accuracy.hpp"
+#include "kvlayer/batch.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
 #include "layer_state.hpp"
@@ -195,19 +196,7 @@ const KvLayer& KvBatch::layer(int i) const {
 
 void KvBatch::set_active(std::span<const int> sequences) {
   State& s = *s_;
-  const char* op = "batch set_active";
-  if (std::int64_t(sequences.size()) > max_batch())
-    refuse(op, "the list has ", sequences.size(), " sequences, more than max_batch ", max_batch());
-  std::vector<int> position(std::size_t(max_batch()), -1);
-  for (std::size_t p = 0; p < sequences.size(); ++p) {
-    const int i = sequences[p];
-    if (i < 0 || i >= max_batch())
-      refuse(op, "entry ", p, " is sequence ", i, ", outside [0, max_batch ", max_batch(), ")");
-    if (position[std::size_t(i)] >= 0)
-      refuse(op, "sequence ", i, " appears twice (entries ", position[std::size_t(i)], " and ", p,
-             ")");
-    position[std::size_t(i)] = int(p);
-  }
+  check_active_list("batch set_active", sequences, max_batch());
   const DeviceGuard on(s.device);
   const std::vector<std::int32_t> entries(sequences.begin(), sequences.end());
   // (planted bug: after its first list, the batch never writes the device list again)

@@ -55,19 +55,25 @@ class Stopwatch {
   std::chrono::steady_clock::time_point start_;
 };
 
-/// Forwards every call of a batch (SPEC §12) as TimedSystem does its layer's: timed, watched,
-/// its launches' coverage taken.
+/// One call into the system under test: timed into stats, watched for a hang, and whatever it
+/// launched counted into the coverage (also when it throws after a launch).
+template <typename F>
+auto timed_call(System& system, Stats& stats, HangWatchdog* watchdog, F&& f) {
+  struct TakeCoverage {
+    System& system;
+    Stats& stats;
+    ~TakeCoverage() { system.take_coverage(stats.coverage); }
+  } take{system, stats};
+  const Stopwatch w(stats.seconds_in_system);
+  const HangWatchdog::Call watched(watchdog);
+  return f();
+}
+
+/// Forwards every call of a batch (SPEC §12) as TimedSystem does its layer's.
 class TimedBatchSystem final : public BatchSystem {
   template <typename F>
   auto timed(F&& f) {
-    struct TakeCoverage {
-      System& system;
-      Stats& stats;
-      ~TakeCoverage() { system.take_coverage(stats.coverage); }
-    } take{layer_system_, stats_};
-    const Stopwatch w(stats_.seconds_in_system);
-    const HangWatchdog::Call watched(watchdog_);
-    return f();
+    return timed_call(layer_system_, stats_, watchdog_, std::forward<F>(f));
   }
 
  public:
@@ -119,15 +125,7 @@ class TimedSystem final : public System {
   // NOTE: defined before its uses (its return type is deduced).
   template <typename F>
   auto timed(F&& f) {
-    // Whatever the call launched counts, also when it throws after a launch.
-    struct TakeCoverage {
-      System& system;
-      Stats& stats;
-      ~TakeCoverage() { system.take_coverage(stats.coverage); }
-    } take{inner_, stats_};
-    const Stopwatch w(stats_.seconds_in_system);
-    const HangWatchdog::Call watched(watchdog_);
-    return f();
+    return timed_call(inner_, stats_, watchdog_, std::forward<F>(f));
   }
 
  public:

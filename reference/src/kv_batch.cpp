@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <string>
 
+#include "kvlayer/batch.hpp"
 #include "kvlayer/error.hpp"
 
 namespace kvlayer::ref {
@@ -38,19 +39,7 @@ const KvLayer& KvBatch::layer(int i) const {
 }
 
 void KvBatch::set_active(std::span<const int> sequences) {
-  const char* op = "batch set_active";
-  if (std::int64_t(sequences.size()) > max_batch())
-    refuse(op, "the list has ", sequences.size(), " sequences, more than max_batch ", max_batch());
-  std::vector<int> position(layers_.size(), -1);
-  for (std::size_t p = 0; p < sequences.size(); ++p) {
-    const int i = sequences[p];
-    if (i < 0 || i >= max_batch())
-      refuse(op, "entry ", p, " is sequence ", i, ", outside [0, max_batch ", max_batch(), ")");
-    if (position[std::size_t(i)] >= 0)
-      refuse(op, "sequence ", i, " appears twice (entries ", position[std::size_t(i)], " and ", p,
-             ")");
-    position[std::size_t(i)] = int(p);
-  }
+  check_active_list("batch set_active", sequences, max_batch());
   active_.assign(sequences.begin(), sequences.end());
 }
 

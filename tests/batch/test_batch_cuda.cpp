@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <numeric>
 #include <string>
 #include <vector>
 
@@ -19,6 +18,7 @@
 #include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_batch.hpp"
+#include "kvlayer/testing/batch.hpp"
 
 namespace kvlayer::testing {
 namespace {
@@ -26,16 +26,6 @@ namespace {
 using cuda::Stream;
 
 constexpr int kMaxVerify = 8;
-
-/// A random active list: a random subset of [0, max_batch) in random order (empty now and then).
-std::vector<int> draw_active(int max_batch, Rng& rng) {
-  std::vector<int> all(static_cast<std::size_t>(max_batch));
-  std::iota(all.begin(), all.end(), 0);
-  for (std::size_t i = all.size(); i > 1; --i)
-    std::swap(all[i - 1], all[std::size_t(rng.range(0, std::int64_t(i) - 1))]);
-  all.resize(std::size_t(rng.chance(10) ? 0 : rng.range(1, max_batch)));
-  return all;
-}
 
 /// Every sequence of the two batches alike ("" when they are).
 std::string batch_difference(const cuda::KvBatch& gpu, const ref::KvBatch& want) {

@@ -7,11 +7,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "kvlayer/reference/kv_batch.hpp"
+#include "kvlayer/testing/batch.hpp"
 #include "testbed.hpp"
 
 namespace kvlayer::testing {
@@ -56,17 +56,6 @@ std::vector<LayerState> states_of(const KvBatch& batch) {
   std::vector<LayerState> s;
   for (int i = 0; i < batch.max_batch(); ++i) s.push_back(state_of(batch.layer(i)));
   return s;
-}
-
-
-/// A random active list: a random subset of [0, max_batch) in random order (empty now and then).
-std::vector<int> draw_active(int max_batch, Rng& rng) {
-  std::vector<int> all(static_cast<std::size_t>(max_batch));
-  std::iota(all.begin(), all.end(), 0);
-  for (std::size_t i = all.size(); i > 1; --i)
-    std::swap(all[i - 1], all[std::size_t(rng.range(0, std::int64_t(i) - 1))]);
-  all.resize(std::size_t(rng.chance(10) ? 0 : rng.range(1, max_batch)));
-  return all;
 }
 
 /// The steps an engine takes with a batch: per step an active list, T rows per active sequence

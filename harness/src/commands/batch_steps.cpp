@@ -4,25 +4,15 @@
 #include <algorithm>
 #include <bit>
 #include <memory>
-#include <numeric>
 #include <string>
 
 #include "draw.hpp"
 #include "kvlayer/reference/kv_batch.hpp"
+#include "kvlayer/testing/batch.hpp"
 #include "sides.hpp"
 
 namespace kvlayer::harness {
 namespace {
-
-/// A random active list: a random subset of [0, max_batch) in random order (empty now and then).
-std::vector<int> draw_active(int max_batch, Rng& rng) {
-  std::vector<int> all(static_cast<std::size_t>(max_batch));
-  std::iota(all.begin(), all.end(), 0);
-  for (std::size_t i = all.size(); i > 1; --i)
-    std::swap(all[i - 1], all[std::size_t(rng.range(0, std::int64_t(i) - 1))]);
-  all.resize(std::size_t(rng.chance(10) ? 0 : rng.range(1, max_batch)));
-  return all;
-}
 
 /// Both sides of one batch command: the reference batch and, with a system, its batch.
 class BatchSides {
@@ -189,7 +179,7 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
   if (!chain) {
     for (std::int64_t step = 0; step < steps; ++step) {
       const std::string at = "step " + std::to_string(step);
-      const std::vector<int> active = draw_active(b.sequences(), rng);
+      const std::vector<int> active = testing::draw_active(b.sequences(), rng);
       if (auto d = b.both(
               at + " set_active", [&] { model.set_active(active); },
               [&](BatchSystem& sys) { sys.set_active(active); }))
@@ -251,7 +241,7 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
   std::vector<std::vector<float>> queries;
   std::vector<std::vector<Sides::Expectation>> expected;
   for (std::int64_t r = 0; r < steps; ++r) {
-    std::vector<int> active = draw_active(b.sequences(), rng);
+    std::vector<int> active = testing::draw_active(b.sequences(), rng);
     std::erase_if(active, [&](int i) { return model.layer(i).len() + 1 > g.max_ctx; });
     model.set_active(active);
     for (const int i : active) model.layer(i).reserve(1);
