@@ -162,17 +162,24 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
   ref::KvBatch& model = b.model();
   Rng rng(seed);
   // Every sequence at its own length first: a host append of up to a few hundred rows (a
-  // ring's legal appends are shorter; a refusal must then be alike on both sides).
+  // ring's legal appends are shorter; a refusal must then be alike on both sides). A ring's
+  // sequences get up to 40 appends of at most max_append rows each, so that their rings rebase
+  // to different bases and a batch decode must take each sequence's own base_d.
   for (int i = 0; i < b.sequences(); ++i) {
     const std::int64_t most = std::min<std::int64_t>(g.max_ctx / 2, windowed ? *g.window : 600);
-    const std::int64_t n = rng.range(0, std::max<std::int64_t>(0, most));
-    if (n == 0) continue;
-    const HostRows rows = s.rows(n, rng.next(), step_data(rng));
-    if (auto d = b.both(
-            "append to sequence " + std::to_string(i),
-            [&] { model.layer(i).append(view_of(rows)); },
-            [&](BatchSystem& sys) { sys.append(i, rows); }))
-      return d;
+    const std::int64_t appends = g.is_ring() ? rng.range(1, 40) : 1;
+    for (std::int64_t a = 0; a < appends; ++a) {
+      const std::int64_t room = g.max_ctx / 2 - model.layer(i).len();
+      const std::int64_t n = rng.range(
+          0, std::max<std::int64_t>(0, std::min(room, g.is_ring() ? g.max_append : most)));
+      if (n == 0) continue;
+      const HostRows rows = s.rows(n, rng.next(), step_data(rng));
+      if (auto d = b.both(
+              "append to sequence " + std::to_string(i),
+              [&] { model.layer(i).append(view_of(rows)); },
+              [&](BatchSystem& sys) { sys.append(i, rows); }))
+        return d;
+    }
   }
   if (auto d = b.compare("the sequences' first appends")) return d;
   const int top = std::min(model.max_verify(), 8);
