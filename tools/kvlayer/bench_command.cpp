@@ -19,6 +19,7 @@
 #include "commands.hpp"
 #include "decode_step.hpp"
 #include "gpu_timing.hpp"
+#include "kvlayer/cuda/kv_batch.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
@@ -32,13 +33,15 @@ using cuda::Event;
 using cuda::Stream;
 
 constexpr std::string_view kUsage =
-    "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--no-accuracy]\n"
+    "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--no-accuracy] [--no-verify]\n"
+    "                     [--no-batch | --batch-only]\n"
     "                     [--decode-only KEYS [--shape S] [--queries T] [--capacity C]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window, eager (one call; _b2b: 20 back to back) and graph-replayed; verify decode (SPEC "
     "§11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
     "  4x256 gqa 8 at 4K, 16K and 128K keys and with a 4096-key window, graph-replayed;\n"
+    "  batch decode (SPEC §12, one launch for B sequences, see --no-batch);\n"
     "  append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
     "  the same step launched eagerly. Reports medians (CUDA events) in µs, bytes moved, GB/s\n"
     "  and % of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
@@ -54,12 +57,27 @@ constexpr std::string_view kUsage =
     "  --quick       one geometry, fewer lengths, accuracy at 4K keys only (a smoke run)\n"
     "  --no-accuracy no accuracy rows (their host float64 attention takes seconds)\n"
     "  --no-verify   no verify rows\n"
+    "  --no-batch    no batch rows (KvBatch decode of B = 8, 32, 128 sequences of 8x128 gqa 8,\n"
+    "                every sequence at 4K keys, or at lengths log-uniform from 256 to 32K; B = 8\n"
+    "                at 128K keys; eager and graph-replayed)\n"
+    "  --batch-only  the ceiling and the batch rows alone (for tools/batch_peers.py's run)\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
     "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n"
     "  --queries T   with --decode-only: the graph-replayed verify decode of T (1..16) queries\n"
     "  --capacity C  with --decode-only: layers of C >= KEYS rows holding KEYS keys (an engine's\n"
     "                short view of a long cache; the grid is planned for C)\n";
+
+/// The batch rows' sequence lengths (tools/batch_peers.py draws the same): "4k" every sequence
+/// at 4096 keys, "128k" at 131072, "log" sequence i at round(256 · 2^(7·(i + 0.5)/B)) keys
+/// (log-uniform from 256 to 32K, without a random draw so that the peers' rows match).
+std::vector<std::int64_t> batch_lengths(const std::string& which, int b) {
+  std::vector<std::int64_t> lens(std::size_t(b), which == "128k" ? 131072 : 4096);
+  if (which == "log")
+    for (int i = 0; i < b; ++i)
+      lens[std::size_t(i)] = std::llround(256.0 * std::exp2(7.0 * (i + 0.5) / b));
+  return lens;
+}
 
 struct Row {
   std::string name, shape;
@@ -68,6 +86,8 @@ struct Row {
   double us = 0;
   double bytes = 0;
   int queries = 0;  ///< verify rows: T (0 otherwise)
+  int batch = 0;    ///< batch rows: B sequences (0 otherwise); keys: their views' sum
+  std::string batch_case = {};  ///< batch rows: "4k", "log" or "128k" (batch_lengths)
 };
 
 struct AccuracyRow {
@@ -227,6 +247,65 @@ struct Bench {
     }
   }
 
+  /// Batch decodes (KvBatch::decode_rows_dc, T = 1) of 8x128 gqa 8 sequences of the given
+  /// lengths, every sequence active, one launch per call; eager and graph-replayed (20 calls per
+  /// replay, rotating copies of the batch when one copy's bytes do not exceed 4× the L2).
+  /// bytes: every sequence's view once, plus q and out.
+  void batch(const std::string& label, const std::vector<std::int64_t>& lens) {
+    Geometry g;
+    g.n_kv_heads = 8;
+    g.head_dim_k = g.head_dim_v = 128;
+    g.max_ctx = *std::max_element(lens.begin(), lens.end());
+    const int nq = 64, B = int(lens.size());
+    std::int64_t keys = 0;
+    for (const std::int64_t l : lens) keys += l;
+    const double kv_bytes = double(keys) * double(g.k_tok_bytes() + g.v_tok_bytes());
+    const double bytes = kv_bytes + 2.0 * B * nq * 128 * 4;
+    const int copies = int(std::clamp(std::ceil(4.0 * double(l2_bytes) / kv_bytes), 1.0, 8.0));
+    const std::int64_t chunk = 4096;
+    DeviceBuffer k(std::size_t(chunk * g.kv_dim_k()) * 4), v(std::size_t(chunk * g.kv_dim_v()) * 4);
+    std::vector<std::unique_ptr<cuda::KvBatch>> batches;
+    std::vector<int> all(std::size_t(B), 0);
+    for (int i = 0; i < B; ++i) all[std::size_t(i)] = i;
+    for (int c = 0; c < copies; ++c) {
+      batches.push_back(std::make_unique<cuda::KvBatch>(g, nq, B, s()));
+      for (int i = 0; i < B; ++i)
+        for (std::int64_t done = 0; done < lens[std::size_t(i)]; done += chunk) {
+          const std::int64_t n = std::min(chunk, lens[std::size_t(i)] - done);
+          const std::uint64_t seed = 1000 + std::uint64_t(c) * 7919 + std::uint64_t(i) * 131 + done;
+          KVLAYER_CUDA_TRY(
+              launch_fill_random(k.as<float>(), std::size_t(n * g.kv_dim_k()), seed, s()));
+          KVLAYER_CUDA_TRY(
+              launch_fill_random(v.as<float>(), std::size_t(n * g.kv_dim_v()), seed + 1, s()));
+          batches.back()->layer(i).append(cuda::RowsView{k.get(), v.get(), n, DType::f32});
+        }
+      batches.back()->set_active(all);
+    }
+    DeviceBuffer q(std::size_t(B) * nq * 128 * 4), out(q.bytes());
+    KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), std::size_t(B) * nq * 128, 97, s()));
+    KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
+    const auto call = [&](int i) {
+      batches[std::size_t(i) % batches.size()]->decode_rows_dc(q.as<float>(), out.as<float>(), 1);
+    };
+    for (const bool graph : {false, true}) {
+      Row r{graph ? "batch_dc_graph" : "batch_dc",
+            "8x128 gqa 8 B " + std::to_string(B) + " " + label,
+            8,
+            128,
+            8,
+            keys,
+            0,
+            graph ? graph_us(20, call) : median_us(s(), 5, reps, call),
+            bytes};
+      r.batch = B;
+      r.batch_case = label;
+      rows.push_back(r);
+    }
+    for (int i = 0; i < B; ++i)
+      if (const LayerStatus st = batches.front()->layer(i).status(); !st.ok())
+        throw Error(ErrorKind::device, "batch sequence " + std::to_string(i) + ": " + st.message());
+  }
+
   /// Median per-call µs of `count` calls f(0..count) launched back to back between two events.
   double back_to_back_us(int count, const std::function<void(int)>& f) {
     return median_us(s(), 3, std::max(5, reps / 5),
@@ -377,7 +456,9 @@ struct Bench {
 
 int run_bench(const std::vector<std::string>& args) {
   const Options o(args, {"json", "reps", "decode-only", "shape", "queries", "capacity"},
-                  {"quick", "no-accuracy", "no-verify"});
+                  {"quick", "no-accuracy", "no-verify", "no-batch", "batch-only"});
+  if (o.flag("batch-only") && o.flag("no-batch"))
+    throw UsageError("--batch-only and --no-batch exclude each other");
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
   const int queries = int(o.integer("queries", 0, 1, cuda::kDefaultMaxVerify));
@@ -432,11 +513,18 @@ int run_bench(const std::vector<std::string>& args) {
   const std::vector<std::int64_t> lengths =
       quick ? std::vector<std::int64_t>{4096, 131072}
             : std::vector<std::int64_t>{1024, 4096, 16384, 65536, 131072};
-  for (const G& g : geoms) {
+  const bool batch_only = o.flag("batch-only");
+  if (!o.flag("no-batch")) {
+    for (const char* which : {"4k", "log"})
+      for (const int bs : quick ? std::vector<int>{8} : std::vector<int>{8, 32, 128})
+        b.batch(which, batch_lengths(which, bs));
+    if (!quick) b.batch("128k", batch_lengths("128k", 8));
+  }
+  for (const G& g : batch_only ? std::vector<G>{} : geoms) {
     for (std::int64_t keys : lengths) b.decode(g.n_kv, g.hd, g.gqa, keys, 0);
     b.decode(g.n_kv, g.hd, g.gqa, 131072, 4096);
   }
-  if (!o.flag("no-verify")) {
+  if (!o.flag("no-verify") && !batch_only) {
     const std::vector<int> ts = {1, 2, 4, 8, 16};
     const std::vector<G> verify_geoms =
         quick ? std::vector<G>{{8, 128, 8}} : std::vector<G>{{8, 128, 8}, {4, 256, 8}};
@@ -447,10 +535,12 @@ int run_bench(const std::vector<std::string>& args) {
       b.verify(g.n_kv, g.hd, g.gqa, 131072, 4096, ts);
     }
   }
-  b.append(1);
-  b.append(4096);
-  b.graph_step();
-  if (!o.flag("no-accuracy")) {
+  if (!batch_only) {
+    b.append(1);
+    b.append(4096);
+    b.graph_step();
+  }
+  if (!o.flag("no-accuracy") && !batch_only) {
     // One geometry per head dim, a short and a long view: the host's float64 attention is
     // O(keys x query heads x head dim) per format.
     const std::vector<G> acc_geoms =
@@ -483,6 +573,8 @@ int run_bench(const std::vector<std::string>& args) {
                        {"keys", r.keys},
                        {"window", r.window ? nlohmann::json(r.window) : nlohmann::json(nullptr)},
                        {"queries", r.queries ? nlohmann::json(r.queries) : nlohmann::json(nullptr)},
+                       {"batch", r.batch ? nlohmann::json(r.batch) : nlohmann::json(nullptr)},
+                       {"case", r.batch ? nlohmann::json(r.batch_case) : nlohmann::json(nullptr)},
                        {"us", r.us},
                        {"bytes", r.bytes},
                        {"gbs", gbs},
