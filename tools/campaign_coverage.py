@@ -2,7 +2,9 @@
 """Sums the coverage tables of parallel `kvlayer fuzz` processes and checks the floors (SPEC
 §10.7): every instance named on a "coverage selectable:" line ran 1, 2 and >= 3 key-loop trips
 per warp, and the merges over 256 splits, verifies of T > 16, ring views past base over >= 2
-splits and rebases of >= 2 units each happened at least once.
+splits and rebases of >= 2 units each happened at least once, and so did batch decodes of >= 2
+sequences, batch decodes of ring sequences at different bases and batch graph replays after a
+membership change (SPEC §12).
 
 usage: campaign_coverage.py LOG...   (exit 1 when a floor is unmet or no log has a table)
 """
@@ -12,10 +14,12 @@ import sys
 ROW = re.compile(r"^  (\S+ d\d+ r\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$")
 EXTRA = re.compile(r"verify T > 16: (\d+); ring views past base over >= 2 splits: (\d+); "
                    r"rebases of >= 2 units: (\d+)")
+BATCH = re.compile(r"batch decodes of >= 2 sequences: (\d+); of ring sequences at different "
+                   r"bases: (\d+); graph replays after a membership change: (\d+)")
 
 
 def parse(paths):
-    instances, extra, selectable, tables = {}, [0, 0, 0], set(), 0
+    instances, extra, selectable, tables = {}, [0] * 6, set(), 0
     for path in paths:
         try:
             text = open(path, encoding="utf-8", errors="replace").read()
@@ -32,7 +36,10 @@ def parse(paths):
                 instances[m.group(1)] = [a + b for a, b in zip(old, counts)]
             m = EXTRA.search(line)
             if m:
-                extra = [a + int(b) for a, b in zip(extra, m.groups())]
+                extra[:3] = [a + int(b) for a, b in zip(extra[:3], m.groups())]
+            m = BATCH.search(line)
+            if m:
+                extra[3:] = [a + int(b) for a, b in zip(extra[3:], m.groups())]
             if line.startswith("coverage selectable:"):
                 selectable.update(x.strip() for x in line.split(":", 1)[1].split(";") if x.strip())
     return instances, extra, selectable, tables
@@ -48,7 +55,9 @@ def unmet(instances, extra, selectable):
     if sum(r[4] for r in instances.values()) == 0:
         out.append("no merge over more than 256 splits")
     for count, what in zip(extra, ["no verify of T > 16", "no ring view past base over >= 2 splits",
-                                   "no rebase of >= 2 units"]):
+                                   "no rebase of >= 2 units", "no batch decode of >= 2 sequences",
+                                   "no batch decode of ring sequences at different bases",
+                                   "no batch graph replay after a membership change"]):
         if count == 0:
             out.append(what)
     return out
@@ -68,6 +77,8 @@ def main(argv):
         print(f"  {name:28} {r[0]:10} {r[1]:10} {r[2]:10} {r[3]:10} {r[4]:12}")
     print(f"  verify T > 16: {extra[0]}; ring views past base over >= 2 splits: {extra[1]}; "
           f"rebases of >= 2 units: {extra[2]}")
+    print(f"  batch decodes of >= 2 sequences: {extra[3]}; of ring sequences at different bases: "
+          f"{extra[4]}; graph replays after a membership change: {extra[5]}")
     if tables == 0:
         print("coverage: FAIL (no process printed a coverage table)")
         return 1

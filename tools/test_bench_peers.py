@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """CPU checks of tools/bench-peers (no GPU, standard library only): synthetic JSON of
-`kvlayer bench --json` and of peers.py go in; the decode table (fastest peer, ratio, floor and
-its source, windowed rows), the every-peer table, the accuracy table, the missing-peers and
-missing-matplotlib paths come out.
+`kvlayer bench --json` and of peers.py (verify_peers.py, batch_peers.py) go in; the decode table
+(fastest peer, ratio, floor and its source, windowed rows), the every-peer table, the verify and
+batch decode tables, the accuracy table, the missing-peers and missing-matplotlib paths come
+out.
 
     python3 tools/test_bench_peers.py        (exit 0: all passed)
 """
@@ -358,6 +359,160 @@ def test_verify():
     print("verify: T / T=1, every verifying peer, the fastest, ratios, summary, flags ok")
 
 
+# kvlayer's batch_dc_graph µs and its own floor per (case, B); total keys per point
+BATCH_KEYS = {("4k", 8): 32768, ("4k", 32): 131072, ("4k", 128): 524288, ("log", 8): 52793,
+              ("log", 32): 214215, ("log", 128): 857635, ("128k", 8): 1048576}
+BATCH_US = {("4k", 8): 30.0, ("4k", 32): 100.0, ("4k", 128): 380.0, ("log", 8): 45.0,
+            ("log", 32): 160.0, ("log", 128): 600.0, ("128k", 8): 700.0}
+
+
+def synthetic_batch_kvlayer():
+    kv = synthetic_kvlayer()
+    for (case, b), us in BATCH_US.items():
+        keys = BATCH_KEYS[(case, b)]
+        nbytes = float(keys * 8 * 4 * 58 + 2 * b * 64 * 128 * 4)
+        kv["results"].append({
+            "name": "batch_dc_graph", "shape": "8x128 gqa 8", "n_kv_heads": 8, "head_dim": 128,
+            "gqa": 8, "keys": keys, "window": None, "queries": None, "batch": b, "case": case,
+            "us": us, "bytes": nbytes, "gbs": nbytes / us / 1e3,
+            "pct_ceiling": 100.0 * nbytes / us / 1e3 / 4500.0, "floor_us": 30.0,
+            "pct_floor": 100.0 * 30.0 / us})
+    return kv
+
+
+def brow(case, b, peer, us=None, ok=True, **extra):
+    r = {"peer": peer, "case": case, "batch": b, "keys": BATCH_KEYS.get((case, b), 4096 * b),
+         "n_kv_heads": 8, "head_dim": 128, "gqa": 8, "n_q_heads": 64, "page_size": 32, "us": us,
+         "max_abs_err": None, "ok": None, "note": ""}
+    if us is not None:
+        r.update(method="graph", calls_per_graph=16, copies=1)
+        if peer != "floor_q8q5":
+            r.update(max_abs_err=1e-3, ref_max_abs=1.0, ok=ok)
+    r.update(extra)
+    return r
+
+
+def synthetic_batch_peers():
+    rows = [
+        # 4k B=8: xqa_e4m3 fastest, 36 / 30 = 1.20; floor 20 / 30 = 66.7%
+        brow("4k", 8, "floor_q8q5", 20.0), brow("4k", 8, "fi_cc_f16", 60.0),
+        brow("4k", 8, "fi_cc_e4m3", 40.0), brow("4k", 8, "fi_tc_f16", 55.0),
+        brow("4k", 8, "fi_tc_e4m3", error="RuntimeError: JIT is disabled; module not prebuilt"),
+        brow("4k", 8, "xqa_f16", 50.0), brow("4k", 8, "xqa_e4m3", 36.0),
+        # 4k B=32: flagged rows do not count: fi_cc_e4m3 120 / 100 = 1.20; floor 88%
+        brow("4k", 32, "floor_q8q5", 88.0), brow("4k", 32, "fi_cc_e4m3", 120.0),
+        brow("4k", 32, "xqa_e4m3", 105.0, ok=False,
+             note="output differs from the fp32 reference by >10%"),
+        brow("4k", 32, "fi_tc_e4m3", 110.0,
+             suspect="output differs from the fp32 reference by >10%"),
+        # 4k B=128: 400 / 380 = 1.05, the lowest; floor 330 / 380 = 86.8%
+        brow("4k", 128, "floor_q8q5", 330.0), brow("4k", 128, "xqa_e4m3", 400.0),
+        # log B=8: no floor row: kvlayer's own (30 / 45 = 66.7%, marked); 50 / 45 = 1.11
+        brow("log", 8, "fi_tc_e4m3", 50.0),
+        # log B=32: floor 128 / 160 = 80.0% (below 85%); 200 / 160 = 1.25
+        brow("log", 32, "floor_q8q5", 128.0), brow("log", 32, "xqa_e4m3", 200.0),
+        # log B=128: 90%, a budget-skipped row; 720 / 600 = 1.20
+        brow("log", 128, "floor_q8q5", 540.0), brow("log", 128, "xqa_e4m3", 720.0),
+        brow("log", 128, "fi_tc_e4m3", error="skipped: time budget"),
+        # 128k B=8: 650 / 700 = 92.9%; 910 / 700 = 1.30
+        brow("128k", 8, "floor_q8q5", 650.0), brow("128k", 8, "xqa_e4m3", 910.0),
+        # a point only the peers have
+        brow("4k", 64, "xqa_e4m3", 210.0),
+    ]
+    return {"env": {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130",
+                    "flashinfer-python": "0.7.4+kvpeers", "flashinfer_decode": "imported"},
+            "rows": rows, "total_s": 63.0}
+
+
+def test_batch():
+    joined = bp.join_batch(synthetic_batch_kvlayer(), synthetic_batch_peers())
+    assert [(j["case"], j["batch"]) for j in joined] == list(BATCH_US) + [("4k", 64)]
+    j = {(x["case"], x["batch"]): x for x in joined}
+    x = j[("4k", 8)]
+    assert x["fastest_peer"] == "xqa_e4m3" and abs(x["ratio"] - 1.2) < 1e-12
+    assert x["floor_source"] == "peers" and abs(x["pct_floor"] - 200 / 3) < 1e-9
+    x = j[("4k", 32)]
+    assert x["fastest_peer"] == "fi_cc_e4m3" and abs(x["ratio"] - 1.2) < 1e-12
+    x = j[("log", 8)]
+    assert x["floor_source"] == "kvlayer" and x["floor_us"] == 30.0
+    assert x["fastest_peer"] == "fi_tc_e4m3" and abs(x["ratio"] - 50 / 45) < 1e-12
+    x = j[("4k", 64)]
+    assert x["us"] is None and x["ratio"] is None and x["fastest_peer"] == "xqa_e4m3"
+    assert x["keys"] == 4096 * 64 and x["bytes"] is None
+    for x in bp.join_batch(synthetic_batch_kvlayer(), None):
+        assert x["fastest_peer"] is None and x["floor_source"] == "kvlayer"
+    assert bp.join_batch(synthetic_kvlayer(), None) == []
+
+    with tempfile.TemporaryDirectory() as tmp:
+        kvp, bpp = os.path.join(tmp, "kv.json"), os.path.join(tmp, "bp.json")
+        with open(kvp, "w") as f:
+            json.dump(synthetic_batch_kvlayer(), f)
+        with open(bpp, "w") as f:
+            json.dump(synthetic_batch_peers(), f)
+        out = os.path.join(tmp, "out")
+        p = subprocess.run([sys.executable, SCRIPT, "--kvlayer", kvp, "--batch-peers", bpp,
+                            "--out", out, "--no-plot"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        with open(os.path.join(out, "RESULTS.md")) as f:
+            text = f.read()
+        assert bp.main(["--kvlayer", kvp, "--out", out, "--no-plot"]) == 0
+        with open(os.path.join(out, "RESULTS.md")) as f:
+            bare = f.read()
+    head, rows = table(text, "Batch decode")
+    assert head == ["case", "B", "keys", "kvlayer µs", "MB", "GB/s", "floor µs", "% floor",
+                    "fi_cc_f16", "fi_cc_e4m3", "fi_tc_f16", "fi_tc_e4m3", "xqa_f16", "xqa_e4m3",
+                    "fastest peer", "peer µs", "peer / kvlayer"], head
+    r = {(x[0], x[1]): dict(zip(head, x)) for x in rows}
+    assert len(rows) == 8
+    x = r[("4k", "8")]
+    assert [x[k] for k in ("keys", "kvlayer µs", "MB", "floor µs", "% floor")] == [
+        "32768", "30.0", "61.3", "20.0", "66.7"], x
+    assert x["GB/s"] == f"{(32768 * 8 * 4 * 58 + 2 * 8 * 64 * 128 * 4) / 30.0 / 1e3:.0f}"
+    assert x["fi_tc_e4m3"] == "err" and x["xqa_e4m3"] == "36.0"
+    assert [x["fastest peer"], x["peer µs"], x["peer / kvlayer"]] == ["xqa_e4m3", "36.0", "1.20"]
+    x = r[("4k", "32")]
+    assert x["xqa_e4m3"] == "105.0!" and x["fi_tc_e4m3"] == "110.0!" and x["% floor"] == "88.0"
+    assert [x["fastest peer"], x["peer / kvlayer"]] == ["fi_cc_e4m3", "1.20"]
+    x = r[("log", "8")]
+    assert x["floor µs"] == "30.0†" and x["% floor"] == "66.7" and x["peer / kvlayer"] == "1.11"
+    assert x["keys"] == "52793"
+    x = r[("log", "128")]
+    assert x["fi_tc_e4m3"] == "—" and x["% floor"] == "90.0" and x["peer / kvlayer"] == "1.20"
+    x = r[("4k", "64")]
+    assert x["kvlayer µs"] == "—" and x["xqa_e4m3"] == "210.0" and x["peer / kvlayer"] == "—"
+    assert r[("128k", "8")]["keys"] == "1048576" and r[("128k", "8")]["peer / kvlayer"] == "1.30"
+    summary = ("kvlayer ≥ 1.10× the fastest batch peer in 6 of 7 rows, ahead in 7; lowest ratio "
+               "1.05 (4k, B = 128, against xqa_e4m3); ≥ 85% of the floor at B ≥ 32 in 3 of 4 "
+               "rows; lowest 80.0% (log, B = 32).")
+    assert summary in text.split("\n"), [ln for ln in text.split("\n") if "batch peer" in ln]
+    assert ("Batch peers' GPU: NVIDIA H100 80GB HBM3, FlashInfer 0.7.4+kvpeers. **kvlayer ran "
+            "on NVIDIA H200: the ratios compare two machines**.") in text
+    assert "Took: kvlayer bench 31 s, batch_peers.py 63 s." in text
+    _, rows = table(text, "Batch peer rows without a time, or flagged")
+    assert [(x[0], x[1], x[2]) for x in rows] == [("4k", "8", "fi_tc_e4m3"),
+                                                  ("4k", "32", "xqa_e4m3"),
+                                                  ("4k", "32", "fi_tc_e4m3")], rows
+    _, rows = table(text, "Every kvlayer row")
+    assert "batch_dc_graph B8 4k" in [x[0] for x in rows]
+    assert "batch_dc_graph B128 log" in [x[0] for x in rows]
+    # the other tables do not change with the batch rows beside them
+    assert table(text, "Decode: kvlayer against the fastest peer")[1][0][:4] == [
+        "8×128 gqa 8", "1024", "—", "8.0"]
+    assert "## Verify decode" not in text
+    head, rows = table(bare, "Batch decode")
+    assert "**No batch peers JSON**" in bare and head[8:] == ["fastest peer", "peer µs",
+                                                             "peer / kvlayer"]
+    assert len(rows) == 7 and all(x[8:] == ["—", "—", "—"] and x[6].endswith("†") for x in rows)
+    assert "## Batch decode" not in run_main_text_without_verify()
+    # the same GPU: no warning
+    kv = synthetic_batch_kvlayer()
+    kv["gpu"] = "NVIDIA H100 80GB HBM3"
+    text, _ = bp.render(kv, None, None, synthetic_batch_peers())
+    assert "Batch peers' GPU: NVIDIA H100 80GB HBM3, FlashInfer 0.7.4+kvpeers." in text
+    assert "two machines" not in text
+    print("batch: every batch peer, the fastest, floors, ratios, summary, flags ok")
+
+
 def run_main_text_without_verify():
     with tempfile.TemporaryDirectory() as tmp:
         return run_main(tmp, extra=["--no-plot"])
@@ -378,7 +533,7 @@ def test_cli_missing_peers_file():
 
 
 if __name__ == "__main__":
-    tests = [test_join, test_results_md, test_verify, test_no_peers_no_matplotlib,
+    tests = [test_join, test_results_md, test_verify, test_batch, test_no_peers_no_matplotlib,
              test_cli_missing_peers_file]
     for t in tests:
         t()

@@ -23,6 +23,8 @@ def log(rows, extra, selectable):
         lines.append(f"  {name:28} {c[0]:10} {c[1]:10} {c[2]:10} {c[3]:10} {c[4]:12}")
     lines.append(f"  verify T > 16: {extra[0]}; ring views past base over >= 2 splits: {extra[1]}; "
                  f"rebases of >= 2 units: {extra[2]}")
+    lines.append(f"  batch decodes of >= 2 sequences: {extra[3]}; of ring sequences at different "
+                 f"bases: {extra[4]}; graph replays after a membership change: {extra[5]}")
     lines.append("coverage selectable: " + "; ".join(selectable))
     return "\n".join(lines) + "\n"
 
@@ -40,9 +42,9 @@ def run(texts):
 
 
 sel = ["mma_direct d128 r8", "mma_verify d256 r32"]
-a = log({"mma_direct d128 r8": [5, 2, 0, 3, 0]}, [1, 0, 0], sel)
+a = log({"mma_direct d128 r8": [5, 2, 0, 3, 0]}, [1, 0, 0, 4, 0, 1], sel)
 b = log({"mma_direct d128 r8": [4, 0, 1, 3, 2], "mma_verify d256 r32": [3, 1, 1, 1, 0]},
-        [0, 2, 1], sel)
+        [0, 2, 1, 0, 3, 0], sel)
 rc, out = run([a, b])
 if rc != 0 or "coverage: PASS" not in out:
     failures.append(f"summed floors met: rc {rc}\n{out}")
@@ -50,10 +52,11 @@ if "mma_direct d128 r8                    9          2          1          6    
         not in out:
     failures.append(f"summed row wrong:\n{out}")
 b_missing = log({"mma_direct d128 r8": [4, 0, 1, 3, 2], "mma_verify d256 r32": [3, 1, 0, 1, 0]},
-                [0, 0, 1], sel)
+                [0, 0, 1, 0, 0, 0], sel)
 rc, out = run([a, b_missing])
 if rc != 1 or "mma_verify d256 r32: no launch of 2 trips" not in out or \
-        "no ring view past base over >= 2 splits" not in out:
+        "no ring view past base over >= 2 splits" not in out or \
+        "no batch decode of ring sequences at different bases" not in out:
     failures.append(f"unmet floors not named: rc {rc}\n{out}")
 rc, out = run(["kvlayer fuzz summary\n"])
 if rc != 1 or "no process printed a coverage table" not in out:
