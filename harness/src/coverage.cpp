@@ -23,6 +23,9 @@ void Coverage::add(const Coverage& o) {
   verify_over_16 += o.verify_over_16;
   ring_past_base_splits += o.ring_past_base_splits;
   rebases_over_one_unit += o.rebases_over_one_unit;
+  batch_decodes += o.batch_decodes;
+  batch_ring_distinct_bases += o.batch_ring_distinct_bases;
+  batch_replays_membership_changed += o.batch_replays_membership_changed;
 }
 
 std::string Coverage::table() const {
@@ -42,6 +45,12 @@ std::string Coverage::table() const {
                 ">= 2 units: %lld\n",
                 (long long)verify_over_16, (long long)ring_past_base_splits,
                 (long long)rebases_over_one_unit);
+  out += line;
+  std::snprintf(line, sizeof line,
+                "  batch decodes of >= 2 sequences: %lld; of ring sequences at different bases: "
+                "%lld; graph replays after a membership change: %lld\n",
+                (long long)batch_decodes, (long long)batch_ring_distinct_bases,
+                (long long)batch_replays_membership_changed);
   out += line;
   return out;
 }
@@ -67,6 +76,11 @@ std::vector<std::string> Coverage::unmet_floors(const std::vector<std::string>& 
   if (verify_over_16 == 0) unmet.push_back("no verify of T > 16");
   if (ring_past_base_splits == 0) unmet.push_back("no ring view past base over >= 2 splits");
   if (rebases_over_one_unit == 0) unmet.push_back("no rebase of >= 2 units");
+  if (batch_decodes == 0) unmet.push_back("no batch decode of >= 2 sequences");
+  if (batch_ring_distinct_bases == 0)
+    unmet.push_back("no batch decode of ring sequences at different bases");
+  if (batch_replays_membership_changed == 0)
+    unmet.push_back("no batch graph replay after a membership change");
   return unmet;
 }
 

@@ -103,6 +103,19 @@ class BatchSides {
     return xs;
   }
 
+  /// Coverage of a batch decode over `active` (the model's state as the decode sees it).
+  void count_decode(const std::vector<int>& active) {
+    if (active.size() < 2) return;
+    Coverage& c = s_.stats().coverage;
+    ++c.batch_decodes;
+    if (!s_.geometry().is_ring()) return;
+    for (const int i : active)
+      if (model_.layer(i).base_d() != model_.layer(active.front()).base_d()) {
+        ++c.batch_ring_distinct_bases;
+        return;
+      }
+  }
+
   /// A batch decode's output (max_batch positions of T queries) against its expectations:
   /// position j < their number as expectation j says, every position past them unwritten.
   std::optional<std::string> check(const std::string& what, const std::vector<float>& got, int t,
@@ -218,6 +231,7 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
       const auto want = windowed ? model.decode_rows_dcw(q, s.n_q_heads(), t)
                                  : model.decode_rows_dc(q, s.n_q_heads(), t);
       if (BatchSystem* sys = b.system()) {
+        b.count_decode(active);
         const std::string what = at + " decode T " + std::to_string(t);
         const std::vector<float> got = sys->decode_rows_dc(q, t, windowed, std::nullopt);
         if (auto d = b.check(what, got, t, b.expectations(what, q, t, want))) return d;
@@ -266,6 +280,10 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
   }
   BatchSystem* sys = b.system();
   if (!sys) return std::nullopt;
+  for (std::size_t r = 0; r < lists.size(); ++r) {
+    b.count_decode(lists[r]);
+    if (r > 0 && lists[r] != lists[r - 1]) ++s.stats().coverage.batch_replays_membership_changed;
+  }
   const std::vector<std::vector<float>> got =
       sys->graph_chain(lists, rows, queries, windowed, std::nullopt);
   if (got.size() != lists.size())

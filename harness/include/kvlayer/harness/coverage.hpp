@@ -33,6 +33,12 @@ struct Coverage {
   std::int64_t verify_over_16 = 0;         ///< verify launches of T > 16
   std::int64_t ring_past_base_splits = 0;  ///< ring views past base 0 over ≥ 2 splits
   std::int64_t rebases_over_one_unit = 0;  ///< rebases moving base by ≥ 2 units of 32 rows
+  // Batches (SPEC §12), counted by the batch commands: decodes of ≥ 2 active sequences, those
+  // of a ring whose active sequences' bases differ (each must take its own base_d), and graph
+  // replays whose active list differs from the replay before (one captured graph serves both).
+  std::int64_t batch_decodes = 0;
+  std::int64_t batch_ring_distinct_bases = 0;
+  std::int64_t batch_replays_membership_changed = 0;
 
   void record(const LaunchRecord& launch);
   void add(const Coverage& other);
@@ -41,8 +47,8 @@ struct Coverage {
   std::string table() const;
   /// The floors this coverage misses, one line each (empty: all met). Every instance in
   /// `selectable` must have run 1, 2 and ≥ 3 trips; a merge over 256 partials, a verify of
-  /// T > 16, a ring view past base with several splits and a multi-unit rebase must each
-  /// have happened.
+  /// T > 16, a ring view past base with several splits, a multi-unit rebase and the three batch
+  /// rows must each have happened.
   std::vector<std::string> unmet_floors(const std::vector<std::string>& selectable) const;
 };
 
