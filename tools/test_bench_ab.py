@@ -46,6 +46,10 @@ check(len(r) == 3, f"rows: 3 graph rows expected, got {sorted(r)}")
 check(r.get(("decode_dc_graph", "", "8x128", "8", "1024", "-")) == 10.5, "rows: decode 1K")
 check(r.get(("decode_dcw_graph", "", "1x128", "16", "131072", "4096")) == 12.25, "rows: window")
 check(r.get(("verify_dc_graph", "T2", "8x128", "8", "4096", "-")) == 17.75, "rows: verify T2")
+batch = ab.rows("batch_dc      8x128 gqa 8 B 32 log     214215      -     130.00   1  1  1%  1  1%\n"
+                "batch_dc_graph 8x128 gqa 8 B 32 log     214215      -     120.50   1  1  1%  1  1%\n")
+check(batch == {("batch_dc_graph", "B32 log", "8x128", "8", "214215", "-"): 120.5},
+      f"rows: the graph-replayed batch row alone, got {batch}")
 
 # ---- a whole run over fake builds ----
 with tempfile.TemporaryDirectory() as tmp:
