@@ -226,11 +226,11 @@ filter_for() {  # TOOL BINARY -> gtest filter ("" = do not sanitize this binary)
   if [[ -n "${!var:-}" ]]; then echo "${!var}"; return; fi
   case "$1/$2" in
     memcheck/kvlayer_cuda_layer_tests)
-      echo 'CudaAppend.EachAdversarial*:CudaAppend.DataErrors*:CudaAppend.DeviceCounterDataErrors*:CudaRefusals.*:CudaDecode.BadBlocks*:CudaGraph.FlatStep*:CudaRing.WindowBoundaries*' ;;
+      echo 'CudaAppend.EachAdversarial*:CudaAppend.DataErrors*:CudaAppend.DeviceCounterDataErrors*:CudaRefusals.*:CudaDecode.BadBlocks*:CudaGraph.FlatStep*:CudaRing.WindowBoundaries*:CudaBatch.ACapturedStep*:CudaBatch.OneSequencesOverrun*:CudaBatch.Refusals*' ;;
     initcheck/kvlayer_cuda_layer_tests)
-      echo 'CudaAppend.EachAdversarial*:CudaAppend.DeviceCounterDataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*:CudaGraph.FlatStep*:CudaRing.WindowBoundaries*' ;;
+      echo 'CudaAppend.EachAdversarial*:CudaAppend.DeviceCounterDataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*:CudaGraph.FlatStep*:CudaRing.WindowBoundaries*:CudaBatch.ACapturedStep*:CudaBatch.OneSequencesOverrun*' ;;
     racecheck/kvlayer_cuda_layer_tests | synccheck/kvlayer_cuda_layer_tests)
-      echo 'CudaAppend.DataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*' ;;
+      echo 'CudaAppend.DataErrors*:CudaRefusals.DeviceCounter*:CudaDecode.BadBlocks*:CudaBatch.OneSequencesOverrun*' ;;
     */kvlayer_decode_test)
       echo 'DecodeEdge.*:DecodeDeterminism.*' ;;
     */test_model_cuda)
