@@ -63,8 +63,8 @@ class BatchSides {
              std::to_string(want.len_d) + " base " + std::to_string(want.base) + " base_d " +
              std::to_string(want.base_d) + ";";
       if (!testing::same_status(got.status, want.status))
-        d += " status: system \"" + got.status.message() + "\", model \"" +
-             want.status.message() + "\";";
+        d += " status: system \"" + got.status.message() + "\", model \"" + want.status.message() +
+             "\";";
       if (!d.empty()) return "after " + after + ", sequence " + std::to_string(i) + ":" + d;
     }
     return std::nullopt;
@@ -84,11 +84,11 @@ class BatchSides {
     const AccumulationShape shape = system_->accumulation_shape(t);
     for (std::size_t j = 0; j < want.size(); ++j) {
       const int sequence = model_.active()[j];
-      Sides::Expectation x{what + " position " + std::to_string(j) + " (sequence " +
-                               std::to_string(sequence) + ")",
-                           want[j],
-                           {},
-                           {}};
+      Sides::Expectation x{
+          what + " position " + std::to_string(j) + " (sequence " + std::to_string(sequence) + ")",
+          want[j],
+          {},
+          {}};
       if (x.out) {
         const ref::KvLayer& layer = model_.layer(sequence);
         const std::vector<ref::DecodeView> views =
@@ -153,8 +153,9 @@ DataKind step_data(Rng& rng) {
 
 }  // namespace
 
-int BatchSteps::weight(const GenView&) {
-  return 2;
+/// Thrice as often on a ring: its sequences' bases part only there (batch_first_base_d).
+int BatchSteps::weight(const GenView& v) {
+  return v.geometry.is_ring() ? 6 : 2;
 }
 
 /// 1–8 sequences, up to 12 steps; a captured chain one time in three.
@@ -176,23 +177,26 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
   Rng rng(seed);
   // Every sequence at its own length first: a host append of up to a few hundred rows (a
   // ring's legal appends are shorter; a refusal must then be alike on both sides). A ring's
-  // sequences get up to 40 appends of at most max_append rows each, so that their rings rebase
-  // to different bases and a batch decode must take each sequence's own base_d.
+  // sequence is filled to a length drawn up to three times its rows, by appends of at most
+  // max_append rows (at most 200 of them), so that the rings rebase to different bases and a
+  // batch decode must take each sequence's own base_d.
+  const auto append = [&](int i, std::int64_t n) {
+    const HostRows rows = s.rows(n, rng.next(), step_data(rng));
+    return b.both(
+        "append to sequence " + std::to_string(i), [&] { model.layer(i).append(view_of(rows)); },
+        [&](BatchSystem& sys) { sys.append(i, rows); });
+  };
   for (int i = 0; i < b.sequences(); ++i) {
-    const std::int64_t most = std::min<std::int64_t>(g.max_ctx / 2, windowed ? *g.window : 600);
-    const std::int64_t appends = g.is_ring() ? rng.range(1, 40) : 1;
-    for (std::int64_t a = 0; a < appends; ++a) {
-      const std::int64_t room = g.max_ctx / 2 - model.layer(i).len();
-      const std::int64_t n = rng.range(
-          0, std::max<std::int64_t>(0, std::min(room, g.is_ring() ? g.max_append : most)));
-      if (n == 0) continue;
-      const HostRows rows = s.rows(n, rng.next(), step_data(rng));
-      if (auto d = b.both(
-              "append to sequence " + std::to_string(i),
-              [&] { model.layer(i).append(view_of(rows)); },
-              [&](BatchSystem& sys) { sys.append(i, rows); }))
-        return d;
+    if (!g.is_ring()) {
+      const std::int64_t most = std::min<std::int64_t>(g.max_ctx / 2, windowed ? *g.window : 600);
+      if (const std::int64_t n = rng.range(0, std::max<std::int64_t>(0, most)); n > 0)
+        if (auto d = append(i, n)) return d;
+      continue;
     }
+    const std::int64_t target = rng.range(0, std::min<std::int64_t>(g.max_ctx / 2, 3 * g.rows()));
+    for (int a = 0; a < 200 && model.layer(i).len() < target; ++a)
+      if (auto d = append(i, std::min(target - model.layer(i).len(), rng.range(1, g.max_append))))
+        return d;
   }
   if (auto d = b.compare("the sequences' first appends")) return d;
   const int top = std::min(model.max_verify(), 8);
@@ -287,8 +291,8 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
   const std::vector<std::vector<float>> got =
       sys->graph_chain(lists, rows, queries, windowed, std::nullopt);
   if (got.size() != lists.size())
-    return "batch_chain: the system returned " + std::to_string(got.size()) +
-           " rounds, expected " + std::to_string(lists.size());
+    return "batch_chain: the system returned " + std::to_string(got.size()) + " rounds, expected " +
+           std::to_string(lists.size());
   for (std::size_t r = 0; r < got.size(); ++r)
     if (auto d = b.check("batch_chain round " + std::to_string(r), got[r], 1, expected[r]))
       return d;
