@@ -348,6 +348,6 @@ cudaError_t launch_split_cuda_core(const SplitParams& sp, int head_dim, int rows
 
 }  // namespace decode_impl
 
-KVLAYER_DEFINE_MUTANT_UNIT(decode)
+KVLAYER_DEFINE_MUTANT_UNIT(decode_cuda_core)
 
 }  // namespace kvlayer::cuda::detail
