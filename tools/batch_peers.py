@@ -59,15 +59,19 @@ then, with kvlayer bench's JSON of the same call: tools/bench-peers --kvlayer kv
 --batch-peers batch_peers.json --out DIR.
 """
 import argparse
+import functools
 import json
 import math
 import os
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)  # peer_common, also when this file is loaded by path
+from peer_common import (add_run_args, cuda_torch, guarded, import_peers,  # noqa: E402
+                         json_args, parse_peers, peer_impl, peer_kv, run_saved, short, within,
+                         write_json)
 N_KV_HEADS, HEAD_DIM, GQA = 8, 128, 8  # kvlayer bench's batch rows
 N_Q_HEADS = N_KV_HEADS * GQA
 CASES = ["4k", "log", "128k"]
@@ -100,14 +104,7 @@ def parse_args(argv=None):
                          "exceed this (L2 is 50-60 MB)")
     ap.add_argument("--max-copy-gb", type=float, default=8.0,
                     help="cap on the memory of all copies of one cache (default %(default)s)")
-    ap.add_argument("--min-calls", type=int, default=16, help="min calls per captured graph")
-    ap.add_argument("--replays", type=int, default=30, help="timed graph replays per row")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed graph replays")
-    ap.add_argument("--budget-s", type=float, default=150.0,
-                    help="start no new measurement after this many seconds")
-    ap.add_argument("--allow-jit", action="store_true",
-                    help="let FlashInfer JIT-compile what is not prebuilt (default: such peers "
-                         "fail with the reason)")
+    add_run_args(ap)
     ap.add_argument("--no-check", action="store_true", help="no fp32 reference checks")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU)")
     a = ap.parse_args(argv)
@@ -121,15 +118,7 @@ def parse_args(argv=None):
         ap.error(f"--batches '{a.batches}' must be a comma list of integers")
     if not a.batch_list or any(b < 1 for b in a.batch_list):
         ap.error(f"--batches '{a.batches}' must list positive integers")
-    if a.peers == "all":
-        a.peer_list = list(ALL_PEERS)
-    else:
-        a.peer_list = [p.strip() for p in a.peers.split(",") if p.strip()]
-    skip = {p.strip() for p in a.skip.split(",") if p.strip()}
-    a.peer_list = [p for p in a.peer_list if p not in skip]
-    bad = [p for p in a.peer_list if p not in ALL_PEERS]
-    if bad:
-        ap.error(f"unknown peers {bad}; known: {ALL_PEERS}")
+    a.peer_list = parse_peers(ap, a, ALL_PEERS, ALL_PEERS)
     if a.page_size < 1:
         ap.error("--page-size must be >= 1")
     return a
@@ -179,14 +168,6 @@ class Pages:
         """[lo, hi) of sequence i's keys in the flat [n_pages * page_size] token axis."""
         lo = self.indptr[i] * self.page_size
         return lo, lo + self.lens[i]
-
-
-def peer_impl(peer):
-    return peer.rsplit("_", 1)[0]
-
-
-def peer_kv(peer):
-    return peer.rsplit("_", 1)[1]
 
 
 def is_fi(peer):
@@ -253,11 +234,6 @@ def check_seqs(b):
     return sorted({0, b - 1})
 
 
-def within(err, ref_max):
-    """peers.py's check: max abs error within 10% of the reference's max abs (+ 1e-3)."""
-    return err <= 0.1 * ref_max + 1e-3
-
-
 def base_row(peer, case, b, lens, page_size):
     return {"peer": peer, "case": case, "batch": b, "keys": sum(lens), "min_keys": min(lens),
             "max_keys": max(lens), "n_kv_heads": N_KV_HEADS, "head_dim": HEAD_DIM, "gqa": GQA,
@@ -266,45 +242,14 @@ def base_row(peer, case, b, lens, page_size):
             "max_abs_err": None, "ok": None, "note": ""}
 
 
-def short(e):
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:240] if text else ''}"
-
-
 # ---------------------------------------------------------------------------------------
 # the run (any runner: TorchRunner on the GPU, a fake one in the CPU test)
-
-
-class Sticky(Exception):
-    """A CUDA error that outlives its call: the run stops (the JSON so far is kept)."""
 
 
 def run_all(a, runner, rows, dump, t0, fi_error=None):
     """Every (case, B) row of every peer into `rows`; fi_error: why FlashInfer cannot be used
     (its peers' rows say so and are not tried)."""
     over = lambda: time.time() - t0 > a.budget_s  # noqa: E731
-
-    def guarded(label, target, f, row=None):
-        """target.update(f()); an exception becomes target['error'] and is returned (None when
-        f ran). One that leaves the device in an error state ends the run (Sticky), with `row`
-        (the row it was for) kept."""
-        try:
-            target.update(f())
-            return None
-        except Exception as e:
-            target["error"] = short(e)
-            print(f"  [{label}] ERROR {target['error']}", flush=True)
-            print("    " + "\n    ".join(traceback.format_exc().strip().splitlines()[-4:]),
-                  flush=True)
-            try:
-                runner.synchronize()
-            except Exception as e2:
-                target["error"] += f" | sticky: {short(e2)}"
-                if row is not None:
-                    row["error"] = target["error"]
-                    rows.append(row)
-                raise Sticky(target["error"]) from e2
-            return e
 
     for case, b in points(a):
         lens = seq_lens(case, b)
@@ -324,7 +269,7 @@ def run_all(a, runner, rows, dump, t0, fi_error=None):
                 continue
             setup = {}
             ctx = None
-            if guarded(f"setup {case} B{b} {group}", setup,
+            if guarded(runner, rows, f"setup {case} B{b} {group}", setup,
                        lambda: {"ctx": runner.open(case, b, lens, group)}) is None:
                 ctx = setup.pop("ctx")
             try:
@@ -339,7 +284,8 @@ def run_all(a, runner, rows, dump, t0, fi_error=None):
                         rows.append(row)
                         continue
                     t1 = time.time()
-                    e = guarded(f"{case} B{b} {p}", row, lambda: runner.measure(ctx, p), row)
+                    e = guarded(runner, rows, f"{case} B{b} {p}", row,
+                                lambda: runner.measure(ctx, p), row)
                     row["wall_s"] = round(time.time() - t1, 2)
                     if isinstance(e, ImportError) and is_fi(p):
                         fi_error = row["error"]
@@ -366,29 +312,6 @@ def run_all(a, runner, rows, dump, t0, fi_error=None):
 
 # ---------------------------------------------------------------------------------------
 # the GPU side (torch, peers.py, FlashInfer): imported only when measuring
-
-
-def find_peers_dir(explicit=None):
-    cands = [explicit] if explicit else [os.environ.get("KVLAYER_PEERS_DIR"),
-                                         os.path.join(REPO, ".peers"),
-                                         os.path.join(REPO, "..", "shared", "peers")]
-    for c in cands:
-        if c and os.path.isfile(os.path.join(c, "peers.py")):
-            return os.path.abspath(c)
-    return None
-
-
-def import_peers(explicit=None):
-    """peers.py as a module (its Timer, reference, build_floor, env_info), from the first folder
-    that has it."""
-    d = find_peers_dir(explicit)
-    if d is None:
-        raise ImportError("peers.py not found (--peers-dir, $KVLAYER_PEERS_DIR, .peers or "
-                          "../shared/peers)")
-    if d not in sys.path:
-        sys.path.insert(0, d)
-    import peers  # noqa: E402
-    return peers
 
 
 class BatchCtx:
@@ -423,6 +346,17 @@ class FloorCtx:
     def __init__(self, torch, keys, timer):
         self.torch, self.keys, self.hkv, self.d = torch, keys, N_KV_HEADS, HEAD_DIM
         self.timer, self.keep = timer, []
+
+
+def per_copy(call, kvs, out):
+    """(calls, out0) of a peer whose call(k, v) writes `out`: one zero-argument call per cache
+    copy (k, v) for the Timer; out0() runs copy 0's and returns out."""
+    calls = [functools.partial(call, k, v) for k, v in kvs]
+
+    def out0():
+        calls[0]()
+        return out
+    return calls, out0
 
 
 class TorchRunner:
@@ -521,17 +455,7 @@ class TorchRunner:
                sm_scale=ctx.sm_scale)
         out = torch.empty_like(ctx.q)
         ctx.keep.append((w, ws, indptr, indices, last, out))
-
-        def mk(k, v):
-            def f():
-                return w.run(ctx.q, (k, v), out=out)
-            return f
-        calls = [mk(k, v) for k, v in ctx.kvs]
-
-        def out0():
-            calls[0]()
-            return out
-        return calls, out0
+        return per_copy(lambda k, v: w.run(ctx.q, (k, v), out=out), ctx.kvs, out)
 
     def _xqa(self, ctx, peer):
         torch = self.torch
@@ -544,18 +468,11 @@ class TorchRunner:
         max_len = max(pg.lens)
         ctx.keep.append((ws, table, lens, out))
 
-        def mk(k, v):
-            def f():
-                return fid.xqa_batch_decode_with_kv_cache(
-                    ctx.q, (k, v), ws, table, lens, max_len, bmm1_scale=ctx.sm_scale,
-                    bmm2_scale=1.0, out=out, kv_layout="NHD")
-            return f
-        calls = [mk(k, v) for k, v in ctx.kvs]
-
-        def out0():
-            calls[0]()
-            return out
-        return calls, out0
+        def call(k, v):
+            return fid.xqa_batch_decode_with_kv_cache(
+                ctx.q, (k, v), ws, table, lens, max_len, bmm1_scale=ctx.sm_scale,
+                bmm2_scale=1.0, out=out, kv_layout="NHD")
+        return per_copy(call, ctx.kvs, out)
 
     def build(self, ctx, peer):
         """(calls, out0): calls time the peer, out0() is its [B, n_q, D] output on copy 0 (None:
@@ -667,22 +584,19 @@ def main(argv=None, runner_factory=None):
     if runner_factory is None:
         try:
             pm = import_peers(a.peers_dir)
-            import torch
         except ImportError as e:
             print(f"batch_peers.py: {e}: nothing to measure", flush=True)
             return 3
-        if not torch.cuda.is_available():
-            print("batch_peers.py: no CUDA device visible; nothing to measure", flush=True)
+        torch = cuda_torch("batch_peers.py")
+        if torch is None:
             return 3
-        torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays fp32
         runner = TorchRunner(torch, pm, a)
     else:
         runner = runner_factory(a)
     info = runner.env()
     print("env:", json.dumps(info), flush=True)
     result = {"env": info,
-              "args": {k: v for k, v in vars(a).items()
-                       if isinstance(v, (int, float, str, list, bool)) or v is None},
+              "args": json_args(a),
               "kvlayer_row": KVLAYER_ROW,
               "method": "each peer captured in one CUDA graph of >= min_calls calls over "
                         "rotating cache copies (cold L2), median replay / calls (peers.py's "
@@ -690,23 +604,12 @@ def main(argv=None, runner_factory=None):
               "rows": []}
 
     def dump():
-        if a.json:
-            tmp = a.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(result, f, indent=1)
-            os.replace(tmp, a.json)
+        write_json(a.json, result)
 
     fi = info.get("flashinfer_decode")
     fi_error = fi if fi and fi != "imported" else None
-    rc = 0
-    try:
-        run_all(a, runner, result["rows"], dump, t0, fi_error)
-    except Sticky as e:
-        print(f"batch_peers.py: stopped on a sticky CUDA error: {e}", flush=True)
-        result["stopped"] = str(e)
-        rc = 2
-    result["total_s"] = round(time.time() - t0, 1)
-    dump()
+    rc = run_saved("batch_peers.py",
+                   lambda: run_all(a, runner, result["rows"], dump, t0, fi_error), result, dump, t0)
     print()
     print(fmt_table(result["rows"]))
     print()

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""CPU checks of tools/batch_peers.py (no GPU; standard library, numpy where installed, torch
-where installed): the rows and their lengths (the log-uniform L_i), the page tables against
+"""CPU checks of tools/batch_peers.py (no GPU; standard library, torch where installed): the
+rows and their lengths (the log-uniform L_i), the page tables against
 FlashInfer's and XQA's reading of them, the byte counts (kvlayer's among them), the cache copies,
 argument parsing and --dry-run, the run loop and its JSON on a fake runner (flags, failures with
 their reason, a FlashInfer import failure, the time budget, a sticky error). With torch: the
@@ -19,29 +19,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import batch_peers as bp  # noqa: E402
+from peer_test_common import (Skip, assert_usage_error, optional, peers_or_skip,  # noqa: E402
+                              quiet, run_main, run_tests)
 
-try:
-    import numpy as np
-except ImportError:
-    np = None
-try:
-    import torch
-except ImportError:
-    torch = None
-
-
-class Skip(Exception):
-    pass
-
-
-def quiet(f, *args, **kw):
-    saved = sys.stdout
-    sys.stdout = open(os.devnull, "w")
-    try:
-        return f(*args, **kw)
-    finally:
-        sys.stdout.close()
-        sys.stdout = saved
+torch = optional("torch")
 
 
 def test_lengths():
@@ -78,17 +59,7 @@ def test_points_and_args():
     assert a.peer_list == ["xqa_e4m3", "fi_tc_e4m3"] and a.budget_s == 60 and a.allow_jit
     for bad in (["--peers", "sdpa_cudnn_f16"], ["--cases", "8k"], ["--batches", "0"],
                 ["--batches", "x"], ["--cases", ""], ["--page-size", "0"]):
-        saved = sys.stderr
-        sys.stderr = open(os.devnull, "w")
-        try:
-            bp.parse_args(bad)
-        except SystemExit as e:
-            assert e.code == 2, bad
-        else:
-            raise AssertionError(f"{bad} was accepted")
-        finally:
-            sys.stderr.close()
-            sys.stderr = saved
+        assert_usage_error(bp.parse_args, bad)
     with tempfile.TemporaryFile("w+") as f:
         saved = sys.stdout
         sys.stdout = f
@@ -237,16 +208,7 @@ ROW_KEYS = {"peer", "case", "batch", "keys", "min_keys", "max_keys", "n_kv_heads
 
 
 def run_fake(extra, **fake):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "b.json")
-        made = []
-
-        def factory(a):
-            made.append(FakeRunner(a, **fake))
-            return made[0]
-        rc = quiet(bp.main, ["--json", out] + extra, runner_factory=factory)
-        with open(out) as f:
-            return rc, json.load(f), made[0]
+    return run_main(bp.main, FakeRunner, extra, **fake)
 
 
 def test_run_loop_json():
@@ -314,10 +276,7 @@ def test_import_failures_budget_sticky():
 
 
 def test_peers_import():
-    d = bp.find_peers_dir()
-    if d is None:
-        raise Skip("no peers.py beside the checkout (.peers or ../shared/peers)")
-    pm = bp.import_peers()
+    pm, d = peers_or_skip()
     for name in ("Timer", "reference", "build_floor", "env_info", "import_flashinfer_decode",
                  "DEVICE", "kv_bytes"):
         assert hasattr(pm, name), name
@@ -445,15 +404,6 @@ def test_torch_runner_on_cpu():
 
 
 if __name__ == "__main__":
-    tests = [test_lengths, test_points_and_args, test_pages, test_bytes_and_copies,
-             test_run_loop_json, test_import_failures_budget_sticky, test_peers_import,
-             test_torch_runner_on_cpu]
-    passed = skipped = 0
-    for t in tests:
-        try:
-            t()
-            passed += 1
-        except Skip as e:
-            skipped += 1
-            print(f"{t.__name__}: skipped ({e})")
-    print(f"{passed} passed, 0 failed" + (f", {skipped} skipped" if skipped else ""))
+    run_tests([test_lengths, test_points_and_args, test_pages, test_bytes_and_copies,
+               test_run_loop_json, test_import_failures_budget_sticky, test_peers_import,
+               test_torch_runner_on_cpu])

@@ -11,24 +11,14 @@ reference against SDPA (math backend) and the SDPA peer code on the CPU.
 import json
 import os
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import verify_peers as vp  # noqa: E402
+from peer_test_common import (Skip, assert_usage_error, optional, peers_or_skip,  # noqa: E402
+                              quiet, run_main, run_tests)
 
-try:
-    import numpy as np
-except ImportError:
-    np = None
-try:
-    import torch
-except ImportError:
-    torch = None
-
-
-class Skip(Exception):
-    pass
+np, torch = optional("numpy"), optional("torch")
 
 
 def sees(keys, t, window, i, p):
@@ -141,24 +131,8 @@ def test_args():
     assert a.peer_list == ["sdpa_efficient_f16", "fi_prefill_e4m3"] and a.budget_s == 90
     for bad in (["--peers", "xqa_e4m3"], ["--geoms", "8x128"], ["--queries", "0"],
                 ["--keys", "a"], ["--window", "-1"]):
-        saved = sys.stderr
-        sys.stderr = open(os.devnull, "w")
-        try:
-            vp.parse_args(bad)
-        except SystemExit as e:
-            assert e.code == 2, bad
-        else:
-            raise AssertionError(f"{bad} was accepted")
-        finally:
-            sys.stderr.close()
-            sys.stderr = saved
-    saved = sys.stdout
-    sys.stdout = open(os.devnull, "w")
-    try:
-        assert vp.main(["--dry-run"]) == 0
-    finally:
-        sys.stdout.close()
-        sys.stdout = saved
+        assert_usage_error(vp.parse_args, bad)
+    assert quiet(vp.main, ["--dry-run"]) == 0
     print("arguments, plan and --dry-run ok")
 
 
@@ -252,22 +226,7 @@ ROW_KEYS = {"peer", "shape", "n_kv_heads", "head_dim", "gqa", "keys", "window", 
 
 
 def run_fake(extra, **fake):
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "v.json")
-        made = []
-
-        def factory(a):
-            made.append(FakeRunner(a, **fake))
-            return made[0]
-        saved = sys.stdout
-        sys.stdout = open(os.devnull, "w")
-        try:
-            rc = vp.main(["--json", out] + extra, runner_factory=factory)
-        finally:
-            sys.stdout.close()
-            sys.stdout = saved
-        with open(out) as f:
-            return rc, json.load(f), made[0]
+    return run_main(vp.main, FakeRunner, extra, **fake)
 
 
 def test_run_loop_json():
@@ -328,10 +287,7 @@ def test_budget_and_sticky():
 
 
 def test_peers_import():
-    d = vp.find_peers_dir()
-    if d is None:
-        raise Skip("no peers.py beside the checkout (.peers or ../shared/peers)")
-    pm = vp.import_peers()
+    pm, d = peers_or_skip()
     for name in ("Timer", "Ctx", "make_kv", "env_info"):
         assert hasattr(pm, name), name
     assert pm.Timer(None, vp.parse_args([])).copies_for(10) == 4096
@@ -419,15 +375,7 @@ def test_sdpa_peer_on_cpu():
 
 
 if __name__ == "__main__":
-    tests = [test_bounds_and_masks, test_band_mask_numpy, test_pack_mask, test_forms, test_args,
-             test_small_check_catches_mask_errors, test_run_loop_json, test_budget_and_sticky,
-             test_peers_import, test_reference_vs_sdpa_math, test_sdpa_peer_on_cpu]
-    passed = skipped = 0
-    for t in tests:
-        try:
-            t()
-            passed += 1
-        except Skip as e:
-            skipped += 1
-            print(f"{t.__name__}: skipped ({e})")
-    print(f"{passed} passed, 0 failed" + (f", {skipped} skipped" if skipped else ""))
+    run_tests([test_bounds_and_masks, test_band_mask_numpy, test_pack_mask, test_forms,
+               test_args, test_small_check_catches_mask_errors, test_run_loop_json,
+               test_budget_and_sticky, test_peers_import, test_reference_vs_sdpa_math,
+               test_sdpa_peer_on_cpu])

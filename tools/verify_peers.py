@@ -54,10 +54,13 @@ import math
 import os
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)  # peer_common, also when this file is loaded by path
+from peer_common import (add_run_args, cuda_torch, guarded, import_peers,  # noqa: E402
+                         json_args, parse_peers, peer_impl, peer_kv, run_saved, short, within,
+                         write_json)
 DEFAULT_GEOMS = "8x128x8,4x256x8"  # n_kv_heads x head_dim x gqa, as kvlayer bench's verify rows
 DEFAULT_KEYS = "4096,16384,131072"
 DEFAULT_QUERIES = "1,2,4,8,16"
@@ -96,14 +99,7 @@ def parse_args(argv=None):
                          "copy exceed this (L2 is 50-60 MB)")
     ap.add_argument("--max-copy-gb", type=float, default=8.0,
                     help="cap on the memory of all copies of one cache")
-    ap.add_argument("--min-calls", type=int, default=16, help="min calls per captured graph")
-    ap.add_argument("--replays", type=int, default=30, help="timed graph replays per row")
-    ap.add_argument("--warmup", type=int, default=3, help="untimed graph replays")
-    ap.add_argument("--budget-s", type=float, default=150.0,
-                    help="start no new measurement after this many seconds")
-    ap.add_argument("--allow-jit", action="store_true",
-                    help="let FlashInfer JIT-compile what is not prebuilt (default: such peers "
-                         "fail with the reason)")
+    add_run_args(ap)
     ap.add_argument("--no-check", action="store_true",
                     help="no fp32 reference checks (forms untested: ok is null)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU)")
@@ -137,15 +133,7 @@ def parse_args(argv=None):
     if not a.query_list:
         ap.error("--queries is empty")
     a.t_max = max(a.query_list)
-    if a.peers == "all":
-        a.peer_list = list(DEFAULT_PEERS)
-    else:
-        a.peer_list = [p.strip() for p in a.peers.split(",") if p.strip()]
-    skip = {p.strip() for p in a.skip.split(",") if p.strip()}
-    a.peer_list = [p for p in a.peer_list if p not in skip]
-    bad = [p for p in a.peer_list if p not in ALL_PEERS]
-    if bad:
-        ap.error(f"unknown peers {bad}; known: {ALL_PEERS}")
+    a.peer_list = parse_peers(ap, a, DEFAULT_PEERS, ALL_PEERS)
     if a.page_size < 1:
         ap.error("--page-size must be >= 1")
     return a
@@ -207,14 +195,6 @@ def is_lower_right(bounds, n):
     return all(lo == 0 and hi == n - t + i for i, (lo, hi) in enumerate(bounds))
 
 
-def peer_impl(peer):
-    return peer.rsplit("_", 1)[0]
-
-
-def peer_kv(peer):
-    return peer.rsplit("_", 1)[1]
-
-
 def peer_group(peer):
     """(layout, kv dtype) of the cache a peer reads: peers of one group share its copies."""
     return ("HND", "f16") if peer.startswith("sdpa_") else ("NHD", peer_kv(peer))
@@ -247,11 +227,6 @@ def check_case(t_max, windowed):
     return (t_max + 24, CHECK_WINDOW) if windowed else (t_max + 8, None)
 
 
-def within(err, ref_max):
-    """peers.py's check: max abs error within 10% of the reference's max abs (+ 1e-3)."""
-    return err <= 0.1 * ref_max + 1e-3
-
-
 def points(a):
     """(geometry, keys, window) of every timed row group, in kvlayer bench's order."""
     out = []
@@ -268,17 +243,8 @@ def base_row(peer, g, keys, window, t):
             "ok": None, "note": ""}
 
 
-def short(e):
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0][:240] if text else ''}"
-
-
 # ---------------------------------------------------------------------------------------
 # the run (any runner: TorchRunner on the GPU, a fake one in the CPU test)
-
-
-class Sticky(Exception):
-    """A CUDA error that outlives its call: the run stops (the JSON so far is kept)."""
 
 
 def run_all(a, runner, rows, dump, t0):
@@ -289,27 +255,6 @@ def run_all(a, runner, rows, dump, t0):
             groups.append((peer_group(p), []))
         next(ps for g, ps in groups if g == peer_group(p)).append(p)
     variants = [False] + ([True] if a.window and a.window_key_list else [])
-
-    def guarded(label, target, f, row=None):
-        """target.update(f()); an exception becomes target['error']. One that leaves the device
-        in an error state ends the run (Sticky), with `row` (the row it was for) kept."""
-        try:
-            target.update(f())
-            return True
-        except Exception as e:
-            target["error"] = short(e)
-            print(f"  [{label}] ERROR {target['error']}", flush=True)
-            print("    " + "\n    ".join(traceback.format_exc().strip().splitlines()[-4:]),
-                  flush=True)
-            try:
-                runner.synchronize()
-            except Exception as e2:
-                target["error"] += f" | sticky: {short(e2)}"
-                if row is not None:
-                    row["error"] = target["error"]
-                    rows.append(row)
-                raise Sticky(target["error"]) from e2
-            return False
 
     for g in a.geom_list:
         forms = {}  # (peer, windowed) -> (form or None, check passed: True/False/None, note)
@@ -334,8 +279,8 @@ def run_all(a, runner, rows, dump, t0):
                 for form in cand:
                     r = {}
                     label = f"check {row['shape']} keys {keys} window {window} {peer} {form}"
-                    if not guarded(label, r, lambda: runner.check_form(peer, g, keys, window,
-                                                                       a.t_max, form), row):
+                    if guarded(runner, rows, label, r, lambda: runner.check_form(
+                            peer, g, keys, window, a.t_max, form), row) is not None:
                         tried.append(f"{form}: {r['error']}")
                         continue
                     good = within(r["max_abs_err"], r["ref_max_abs"])
@@ -393,7 +338,8 @@ def run_all(a, runner, rows, dump, t0):
                 ctx = None
                 setup = {}
                 label = f"setup {g} keys {keys} window {window} {group}"
-                if guarded(label, setup, lambda: {"ctx": runner.open(g, keys, window, group)}):
+                if guarded(runner, rows, label, setup,
+                           lambda: {"ctx": runner.open(g, keys, window, group)}) is None:
                     ctx = setup.pop("ctx")
                 try:
                     for p in usable:
@@ -411,8 +357,8 @@ def run_all(a, runner, rows, dump, t0):
                                 continue
                             t1 = time.time()
                             label = f"{row['shape']} keys {keys} window {window} T{t} {p}"
-                            ran = guarded(label, row, lambda: runner.measure(ctx, p, t, form),
-                                          row)
+                            ran = guarded(runner, rows, label, row,
+                                          lambda: runner.measure(ctx, p, t, form), row) is None
                             row["wall_s"] = round(time.time() - t1, 2)
                             notes = [FORM_TEXT.get(form, form)] + ([row["note"]] if row["note"]
                                                                    else [])
@@ -446,29 +392,6 @@ def run_all(a, runner, rows, dump, t0):
 
 # ---------------------------------------------------------------------------------------
 # the GPU side (torch, peers.py, FlashInfer): imported only when measuring
-
-
-def find_peers_dir(explicit=None):
-    cands = [explicit] if explicit else [os.environ.get("KVLAYER_PEERS_DIR"),
-                                         os.path.join(REPO, ".peers"),
-                                         os.path.join(REPO, "..", "shared", "peers")]
-    for c in cands:
-        if c and os.path.isfile(os.path.join(c, "peers.py")):
-            return os.path.abspath(c)
-    return None
-
-
-def import_peers(explicit=None):
-    """peers.py as a module (its Timer, Ctx, make_kv, env_info), from the first folder that
-    has it."""
-    d = find_peers_dir(explicit)
-    if d is None:
-        raise ImportError("peers.py not found (--peers-dir, $KVLAYER_PEERS_DIR, .peers or "
-                          "../shared/peers)")
-    if d not in sys.path:
-        sys.path.insert(0, d)
-    import peers  # noqa: E402
-    return peers
 
 
 def sdpa_takes_enable_gqa(torch):
@@ -728,44 +651,26 @@ def main(argv=None, runner_factory=None):
     t0 = time.time()
     if runner_factory is None:
         pm = import_peers(a.peers_dir)
-        try:
-            import torch
-        except ImportError as e:
-            print(f"verify_peers.py: {e}: nothing to measure", flush=True)
+        torch = cuda_torch("verify_peers.py")
+        if torch is None:
             return 3
-        if not torch.cuda.is_available():
-            print("verify_peers.py: no CUDA device visible; nothing to measure", flush=True)
-            return 3
-        torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference stays fp32
         runner = TorchRunner(torch, pm, a)
     else:
         runner = runner_factory(a)
     info = runner.env()
     print("env:", json.dumps(info), flush=True)
     result = {"env": info,
-              "args": {k: v for k, v in vars(a).items()
-                       if isinstance(v, (int, float, str, list, bool)) or v is None},
+              "args": json_args(a),
               "method": "each peer captured in one CUDA graph of >= min_calls calls over "
                         "rotating cache copies (cold L2), median replay / calls (peers.py's "
                         "Timer); fp32 reference with the same mask on copy 0",
               "rows": []}
 
     def dump():
-        if a.json:
-            tmp = a.json + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(result, f, indent=1)
-            os.replace(tmp, a.json)
+        write_json(a.json, result)
 
-    rc = 0
-    try:
-        run_all(a, runner, result["rows"], dump, t0)
-    except Sticky as e:
-        print(f"verify_peers.py: stopped on a sticky CUDA error: {e}", flush=True)
-        result["stopped"] = str(e)
-        rc = 2
-    result["total_s"] = round(time.time() - t0, 1)
-    dump()
+    rc = run_saved("verify_peers.py", lambda: run_all(a, runner, result["rows"], dump, t0),
+                   result, dump, t0)
     print()
     print(fmt_table(result["rows"]))
     print(f"\ntotal {result['total_s']} s; json: {a.json}")
