@@ -73,13 +73,37 @@ class ForgetfulSystem : public System {
   std::vector<float> outputs_;
 };
 
-/// Its first state read-back never returns, as after a deadlocked kernel.
+/// Its first read-back (of the state or of a decode's outputs) never returns, as after a
+/// deadlocked kernel: whichever command a case draws first, the case hangs in it.
 class HangingSystem : public ForgetfulSystem {
  public:
   using ForgetfulSystem::ForgetfulSystem;
-  Snapshot snapshot() override {
+  Snapshot snapshot() override { return hang(ForgetfulSystem::snapshot()); }
+  std::vector<float> decode(DecodeVariant v, std::span<const float> q,
+                            std::optional<float> scale) override {
+    return hang(ForgetfulSystem::decode(v, q, scale));
+  }
+  std::vector<float> decode_rows(DecodeVariant v, std::span<const float> q, int t,
+                                 std::optional<float> scale) override {
+    return hang(ForgetfulSystem::decode_rows(v, q, t, scale));
+  }
+  std::vector<std::vector<float>> verify_chain(const std::vector<HostRows>& drafts,
+                                               const std::vector<std::vector<float>>& q,
+                                               const std::vector<std::int64_t>& accept, int t,
+                                               bool windowed, std::optional<float> scale) override {
+    return hang(ForgetfulSystem::verify_chain(drafts, q, accept, t, windowed, scale));
+  }
+  std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>& q,
+                                              bool windowed, std::optional<float> scale) override {
+    return hang(ForgetfulSystem::graph_chain(rows, q, windowed, scale));
+  }
+
+ private:
+  template <typename T>
+  static T hang(T value) {
     std::this_thread::sleep_for(std::chrono::hours(1));
-    return {};
+    return value;
   }
 };
 
@@ -229,9 +253,8 @@ TEST(HangWatchdog, ACallPastTheLimitIsReportedAndEndsTheProcess) {
   GTEST_FLAG_SET(death_test_style, "fast");
   EXPECT_EXIT(
       {
-        HangWatchdog watchdog(0.2, [](double seconds) {
-          std::fprintf(stderr, "hang after %.1f s\n", seconds);
-        });
+        HangWatchdog watchdog(
+            0.2, [](double seconds) { std::fprintf(stderr, "hang after %.1f s\n", seconds); });
         const HangWatchdog::Call call(&watchdog);
         std::this_thread::sleep_for(std::chrono::seconds(30));
       },
