@@ -148,6 +148,21 @@ struct Bench {
     return us;
   }
 
+  /// Appends `keys` random rows to `layer` in 4096-row chunks through the staging buffers k and
+  /// v (4096 rows each); chunk at row `done` draws K from k_seed + done, V from v_seed + done.
+  void fill_rows(cuda::KvLayer& layer, const Geometry& g, std::int64_t keys, DeviceBuffer& k,
+                 DeviceBuffer& v, std::uint64_t k_seed, std::uint64_t v_seed) {
+    for (std::int64_t done = 0; done < keys; done += kFillChunk) {
+      const std::int64_t n = std::min(kFillChunk, keys - done);
+      KVLAYER_CUDA_TRY(
+          launch_fill_random(k.as<float>(), std::size_t(n * g.kv_dim_k()), k_seed + done, s()));
+      KVLAYER_CUDA_TRY(
+          launch_fill_random(v.as<float>(), std::size_t(n * g.kv_dim_v()), v_seed + done, s()));
+      layer.append(cuda::RowsView{k.get(), v.get(), n, DType::f32});
+    }
+  }
+  static constexpr std::int64_t kFillChunk = 4096;
+
   /// Layers filled with random rows, enough copies that their planes exceed 4× the L2.
   std::vector<std::unique_ptr<cuda::KvLayer>> make_layers(const Geometry& g, int nq,
                                                           std::int64_t fill) {
@@ -156,19 +171,13 @@ struct Bench {
         double(std::min<std::int64_t>(g.rows(), std::max<std::int64_t>(fill, 1))) *
         double(g.k_tok_bytes() + g.v_tok_bytes());
     const int copies = int(std::clamp(std::ceil(4.0 * double(l2_bytes) / layer_bytes), 2.0, 48.0));
-    const std::int64_t chunk = 4096;
-    DeviceBuffer k(std::size_t(chunk * g.kv_dim_k()) * 4), v(std::size_t(chunk * g.kv_dim_v()) * 4);
+    DeviceBuffer k(std::size_t(kFillChunk * g.kv_dim_k()) * 4),
+        v(std::size_t(kFillChunk * g.kv_dim_v()) * 4);
     std::vector<std::unique_ptr<cuda::KvLayer>> layers;
     for (int c = 0; c < copies; ++c) {
       layers.push_back(std::make_unique<cuda::KvLayer>(g, nq, s()));
-      for (std::int64_t done = 0; done < fill; done += chunk) {
-        const std::int64_t n = std::min(chunk, fill - done);
-        KVLAYER_CUDA_TRY(launch_fill_random(k.as<float>(), std::size_t(n * g.kv_dim_k()),
-                                            1000 + c * 7919 + done, s()));
-        KVLAYER_CUDA_TRY(launch_fill_random(v.as<float>(), std::size_t(n * g.kv_dim_v()),
-                                            2000 + c * 7919 + done, s()));
-        layers.back()->append(cuda::RowsView{k.get(), v.get(), n, DType::f32});
-      }
+      fill_rows(*layers.back(), g, fill, k, v, 1000 + std::uint64_t(c) * 7919,
+                2000 + std::uint64_t(c) * 7919);
     }
     KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
     return layers;
@@ -262,23 +271,17 @@ struct Bench {
     const double kv_bytes = double(keys) * double(g.k_tok_bytes() + g.v_tok_bytes());
     const double bytes = kv_bytes + 2.0 * B * nq * 128 * 4;
     const int copies = int(std::clamp(std::ceil(4.0 * double(l2_bytes) / kv_bytes), 1.0, 8.0));
-    const std::int64_t chunk = 4096;
-    DeviceBuffer k(std::size_t(chunk * g.kv_dim_k()) * 4), v(std::size_t(chunk * g.kv_dim_v()) * 4);
+    DeviceBuffer k(std::size_t(kFillChunk * g.kv_dim_k()) * 4),
+        v(std::size_t(kFillChunk * g.kv_dim_v()) * 4);
     std::vector<std::unique_ptr<cuda::KvBatch>> batches;
     std::vector<int> all(std::size_t(B), 0);
     for (int i = 0; i < B; ++i) all[std::size_t(i)] = i;
     for (int c = 0; c < copies; ++c) {
       batches.push_back(std::make_unique<cuda::KvBatch>(g, nq, B, s()));
-      for (int i = 0; i < B; ++i)
-        for (std::int64_t done = 0; done < lens[std::size_t(i)]; done += chunk) {
-          const std::int64_t n = std::min(chunk, lens[std::size_t(i)] - done);
-          const std::uint64_t seed = 1000 + std::uint64_t(c) * 7919 + std::uint64_t(i) * 131 + done;
-          KVLAYER_CUDA_TRY(
-              launch_fill_random(k.as<float>(), std::size_t(n * g.kv_dim_k()), seed, s()));
-          KVLAYER_CUDA_TRY(
-              launch_fill_random(v.as<float>(), std::size_t(n * g.kv_dim_v()), seed + 1, s()));
-          batches.back()->layer(i).append(cuda::RowsView{k.get(), v.get(), n, DType::f32});
-        }
+      for (int i = 0; i < B; ++i) {
+        const std::uint64_t seed = 1000 + std::uint64_t(c) * 7919 + std::uint64_t(i) * 131;
+        fill_rows(batches.back()->layer(i), g, lens[std::size_t(i)], k, v, seed, seed + 1);
+      }
       batches.back()->set_active(all);
     }
     DeviceBuffer q(std::size_t(B) * nq * 128 * 4), out(q.bytes());
@@ -388,7 +391,7 @@ struct Bench {
       KVLAYER_CUDA_TRY(
           cudaMemcpyAsync(dk.get(), k.data(), dk.bytes(), cudaMemcpyHostToDevice, s()));
       cuda::KvLayer layer(g, nq, s());
-      const std::int64_t chunk = 4096;  // the appends make_layers times
+      const std::int64_t chunk = kFillChunk;  // the appends make_layers times
       for (std::int64_t done = 0; done < keys; done += chunk)
         layer.append(cuda::RowsView{dk.as<float>() + done * g.kv_dim_k(),
                                     dv.as<float>() + done * g.kv_dim_v(),
