@@ -420,7 +420,9 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     const ColumnSoftmax both = softmax_columns(k, q_both, s);  // columns: exact, then rounded
     const MatrixXd magnitude =
         std::fabs(s) * (abs_k * q_both.rightCols(gqa).cwiseAbs());  // [keys × gqa]
-    MatrixXd deviation_high(n, 2 * gqa);  // [keys × gqa] each: p̂'s deviation, its largest value
+    // [keys × gqa] each: p̂'s deviation, its largest value, and 1 where the GPU's p may fall
+    // below fp16's normal range.
+    MatrixXd deviation_high(n, 3 * gqa);
     for (int j = 0; j < gqa; ++j) {
       const Eigen::VectorXd x = both.scores.col(gqa + j).array() - both.top(gqa + j);
       const Eigen::VectorXd delta =
@@ -430,24 +432,32 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
       const auto p = both.p.col(gqa + j);
       deviation_high.col(j) = (hi - p).cwiseMax(p - lo).cwiseMax(0.0);
       deviation_high.col(gqa + j) = hi.cwiseMax(p);
+      // The GPU rounds p = e^(s − m) to fp16 with m its running maximum, never above its
+      // largest score: p ≥ e^(x_t − δ_t − max_u(x_u + δ_u)). A key whose p stays at or above
+      // 2^-14 (fp16's smallest normal, with a margin for the exp's own error) is rounded with a
+      // relative error (the |V|·p̂ term); the others may land in the subnormal range.
+      const double top = (x + delta).maxCoeff();
+      const double normal = std::log(std::ldexp(1.0, -14)) + std::ldexp(1.0, -10);
+      deviation_high.col(2 * gqa + j) =
+          (!((x - delta).array() - top >= normal)).cast<double>().matrix();  // NaN: may
     }
-    const auto high = deviation_high.rightCols(gqa);
+    const auto high = deviation_high.middleCols(gqa, gqa);
     const MatrixXd o_both = v.transpose() * both.p;  // [head_dim_v × 2gqa]: o, then õ
     const auto o_exact = o_both.leftCols(gqa), o_rounded = o_both.rightCols(gqa);
-    const MatrixXd terms = abs_v.transpose() * deviation_high;  // perturbation, then |V|·p̂
-    const auto term_perturbation = terms.leftCols(gqa), term_v = terms.rightCols(gqa);
+    // Perturbation, |V|·p̂, and Σ|V| over the keys whose p may underflow.
+    const MatrixXd terms = abs_v.transpose() * deviation_high;
+    const auto term_perturbation = terms.leftCols(gqa), term_v = terms.middleCols(gqa, gqa),
+               term_underflow = terms.rightCols(gqa);
     const MatrixXd term_dequant = bc.c.v_dequant_mag.middleRows(first, n).transpose() * high;
     const MatrixXd term_subnormal =
         bc.any_subnormal ? MatrixXd(bc.v_subnormal.middleRows(first, n).transpose() * high)
                          : MatrixXd::Zero(g.head_dim_v, gqa);
-    // The view's column statistics in one pass: Σ|V|, max |V|, min V, max V.
-    Eigen::ArrayXd v_sum = Eigen::ArrayXd::Zero(g.head_dim_v),
-                   column_max = Eigen::ArrayXd::Zero(g.head_dim_v),
+    // The view's column statistics in one pass: max |V|, min V, max V.
+    Eigen::ArrayXd column_max = Eigen::ArrayXd::Zero(g.head_dim_v),
                    v_low = Eigen::ArrayXd::Constant(g.head_dim_v, INFINITY),
                    v_high = Eigen::ArrayXd::Constant(g.head_dim_v, -INFINITY);
     for (Eigen::Index t = 0; t < n; ++t) {
       const Eigen::ArrayXd x = v.row(t).transpose().array();
-      v_sum += x.abs();
       column_max = column_max.max(x.abs());
       v_low = v_low.min(x);
       v_high = v_high.max(x);
@@ -469,7 +479,8 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
         r.bound[i] = r.exact_q[i] + term_perturbation(e, j) + (2 * u16 + u16 * u16) * term_v(e, j) +
                      std::ldexp(1.0, -25) * term_subnormal(e, j) +
                      2 * accumulation * (1 + 2 * u16) * term_v(e, j) +
-                     8 * u32 * term_dequant(e, j) + std::ldexp(1.0, -25) * (1 + u16) * v_sum(e);
+                     8 * u32 * term_dequant(e, j) +
+                     std::ldexp(1.0, -25) * (1 + u16) * term_underflow(e, j);
       }
     }
   });

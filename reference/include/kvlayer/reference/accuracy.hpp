@@ -23,7 +23,10 @@
 //    partials, each: 2·(chain + 4·R + S + 8)·u32·(1 + 2u16)·Σ_t hi_t·|V_te|.
 //  - Dequantization of V (f32 d·q + m, or its one fp16 rounding): 8·u32·Σ_t hi_t·(|d·q| + |m|).
 //  - fp16 underflow of small p (absolute 2^-25 each; the final row sum is ≥ 1, its maximum key
-//    contributing exactly 1): 2^-25·(1 + u16)·Σ_t |V_te|.
+//    contributing exactly 1): 2^-25·(1 + u16)·Σ_{t ∈ U} |V_te|, U the keys whose p may fall
+//    below 2^-14 in the GPU's frame: e^(x_t − δ_t − max_u(x_u + δ_u)) < 2^-14 (x = s̃ − max s̃;
+//    the GPU rounds e^(s − m) with m its running maximum, never above its largest score).
+//    Above 2^-14 the rounding of p is relative, in the term before.
 //  The bound is the sum of these terms; an element whose attended V is all zero has bound e_q
 //  (the GPU multiplies exact zeros). A NaN in the reference (a canonical bad block was
 //  attended) must be matched by NaN; otherwise the GPU value must be finite.
