@@ -377,7 +377,7 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
   for (DecodeBound& r : out)
     r = DecodeBound{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
                     std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
-                    std::vector<double>(n_out, 0.0)};
+                    std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0)};
   // Rounding point (5): one m16n8k16 accumulation is within γ of Σ|addends|.
   const double gamma = 2.0 * (kMmaK + 2) * u32;
   // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)).
@@ -389,6 +389,9 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
   const double chain = shape.tensor_core ? gamma / u32 * double(shape.pv_mma_steps)
                                          : double(shape.max_keys_per_split);
   const double accumulation = (chain + 4 * rescales + double(shape.n_splits) + 8) * u32;
+  // The envelope's: each chain's per-step errors add as a root-sum-square.
+  const double accumulation_rms =
+      (std::sqrt(chain) + std::sqrt(4 * rescales + double(shape.n_splits) + 8)) * u32;
   const DecodeView all = union_of(views);
   std::vector<BoundCache> heads(std::size_t(g.n_kv_heads));
   detail::parallel_rows(heads.size(), [&](std::size_t kv) {
@@ -448,6 +451,15 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     const MatrixXd terms = abs_v.transpose() * deviation_high;
     const auto term_perturbation = terms.leftCols(gqa), term_v = terms.middleCols(gqa, gqa),
                term_underflow = terms.rightCols(gqa);
+    // The envelope's root-sum-squares: Σ_t (w_t·|V_te|)² for w = p̂'s deviation and its largest
+    // value, over key chunks (|V|² of a whole long view would be another plane-sized temporary).
+    MatrixXd squares = MatrixXd::Zero(g.head_dim_v, 2 * gqa);
+    for (Eigen::Index c = 0; c < n; c += 4096) {
+      const Eigen::Index m = std::min<Eigen::Index>(4096, n - c);
+      squares.noalias() +=
+          abs_v.middleRows(c, m).array().square().matrix().transpose() *
+          deviation_high.middleRows(c, m).leftCols(2 * gqa).array().square().matrix();
+    }
     const MatrixXd term_dequant = bc.c.v_dequant_mag.middleRows(first, n).transpose() * high;
     const MatrixXd term_subnormal =
         bc.any_subnormal ? MatrixXd(bc.v_subnormal.middleRows(first, n).transpose() * high)
@@ -476,11 +488,14 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
           r.bound[i] = r.exact_q[i];
           continue;
         }
+        const double small = std::ldexp(1.0, -25) * term_subnormal(e, j) +
+                             8 * u32 * term_dequant(e, j) +
+                             std::ldexp(1.0, -25) * (1 + u16) * term_underflow(e, j);
         r.bound[i] = r.exact_q[i] + term_perturbation(e, j) + (2 * u16 + u16 * u16) * term_v(e, j) +
-                     std::ldexp(1.0, -25) * term_subnormal(e, j) +
-                     2 * accumulation * (1 + 2 * u16) * term_v(e, j) +
-                     8 * u32 * term_dequant(e, j) +
-                     std::ldexp(1.0, -25) * (1 + u16) * term_underflow(e, j);
+                     2 * accumulation * (1 + 2 * u16) * term_v(e, j) + small;
+        r.envelope[i] = std::sqrt(squares(e, j)) +
+                        (2 * u16 + u16 * u16) * std::sqrt(squares(e, gqa + j)) +
+                        2 * accumulation_rms * (1 + 2 * u16) * term_v(e, j) + small;
       }
     }
   });

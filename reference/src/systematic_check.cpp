@@ -25,7 +25,33 @@ void SystematicCheck::record(double got, double want, const DecodeBound& b, std:
     bound_up_ = std::min(bound_up_, std::max(0.0, same ? toward : across));
     bound_down_ = std::min(bound_down_, std::max(0.0, same ? across : toward));
   }
+  if (i < b.envelope.size() && b.envelope[i] > 0 && std::isfinite(b.envelope[i]) &&
+      std::isfinite(got) && std::isfinite(o)) {
+    const double env = b.envelope[i], r = got - o, ratio = std::fabs(r) / env;
+    ++envelope_elements_;
+    ++envelope_in_launch_;
+    max_envelope_ratio_ = std::max(max_envelope_ratio_, ratio);
+    for (std::size_t k = 0; k < envelope_counts_.size(); ++k)
+      if (ratio >= kEnvelopeLevels[k]) ++envelope_counts_[k];
+    if (o != 0) {  // as the bound's: from r's side, then across zero
+      const double level = kEnvelopeLevels[2] * env;
+      const double toward = std::max(0.0, (level - std::fabs(r)) / std::fabs(o));
+      const double across = (level + std::fabs(r)) / std::fabs(o);
+      const bool same = r * o >= 0;
+      envelope_up_ = std::min(envelope_up_, same ? toward : across);
+      envelope_down_ = std::min(envelope_down_, same ? across : toward);
+    }
+  }
   record_residual(got, o, bound - b.exact_q[i]);
+}
+
+double SystematicCheck::current_envelope_resolution() const {
+  if (envelope_in_launch_ == 0) return INFINITY;
+  return std::max(envelope_up_, envelope_down_);
+}
+
+double SystematicCheck::envelope_resolution(double q) const {
+  return resolution_at(envelope_histogram_, envelope_launches_, q);
 }
 
 void SystematicCheck::record(double got, double rounded, double noise_scale) {
@@ -117,6 +143,10 @@ void SystematicCheck::end_launch() {
       ++bound_launches_;
       ++bound_histogram_[std::size_t(resolution_bin(current_bound_resolution()))];
     }
+    if (envelope_in_launch_ > 0) {
+      ++envelope_launches_;
+      ++envelope_histogram_[std::size_t(resolution_bin(current_envelope_resolution()))];
+    }
     for (int s = 0; s < kSignatures; ++s) {
       const double z = std::fabs(current_z(Signature(s)));
       max_abs_z_[s] = std::max(max_abs_z_[s], z);
@@ -130,6 +160,8 @@ void SystematicCheck::end_launch() {
   sum_r2_sigma2_ = {};
   a_ = b_ = c_ = d_ = e_ = 0;
   bound_up_ = bound_down_ = INFINITY;
+  envelope_up_ = envelope_down_ = INFINITY;
+  envelope_in_launch_ = 0;
   unbounded_ = 0;
   in_launch_ = 0;
 }
@@ -139,9 +171,15 @@ void SystematicCheck::add(const SystematicCheck& o) {
   elements_ += o.elements_;
   small_launches_ += o.small_launches_;
   bound_launches_ += o.bound_launches_;
+  envelope_launches_ += o.envelope_launches_;
+  envelope_elements_ += o.envelope_elements_;
+  max_envelope_ratio_ = std::max(max_envelope_ratio_, o.max_envelope_ratio_);
+  for (std::size_t k = 0; k < envelope_counts_.size(); ++k)
+    envelope_counts_[k] += o.envelope_counts_[k];
   for (int b = 0; b < kResolutionBins; ++b) {
     bound_histogram_[std::size_t(b)] += o.bound_histogram_[std::size_t(b)];
     statistic_histogram_[std::size_t(b)] += o.statistic_histogram_[std::size_t(b)];
+    envelope_histogram_[std::size_t(b)] += o.envelope_histogram_[std::size_t(b)];
   }
   for (int s = 0; s < kSignatures; ++s) {
     max_abs_z_[s] = std::max(max_abs_z_[s], o.max_abs_z_[s]);
@@ -185,7 +223,18 @@ std::string SystematicCheck::summary(const std::string& path) const {
   return std::string(buf) + "; smallest relative output error caught per launch: bound p50 " +
          beta(bound_resolution(0.5)) + " p90 " + beta(bound_resolution(0.9)) + " (" +
          std::to_string(bound_launches_) + " launches), statistic p50 " +
-         beta(statistic_resolution(0.5)) + " p90 " + beta(statistic_resolution(0.9));
+         beta(statistic_resolution(0.5)) + " p90 " + beta(statistic_resolution(0.9)) +
+         "; envelope: max |GPU - o~|/envelope " +
+         [&] {
+           char b[32];
+           std::snprintf(b, sizeof b, "%.3g", max_envelope_ratio_);
+           return std::string(b);
+         }() +
+         ", elements >= 2: " + std::to_string(envelope_counts_[0]) +
+         ", >= 4: " + std::to_string(envelope_counts_[1]) +
+         ", >= 8: " + std::to_string(envelope_counts_[2]) + " of " +
+         std::to_string(envelope_elements_) + "; 8 envelopes reached per launch by p50 " +
+         beta(envelope_resolution(0.5)) + " p90 " + beta(envelope_resolution(0.9));
 }
 
 }  // namespace kvlayer::ref

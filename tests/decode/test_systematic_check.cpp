@@ -143,6 +143,24 @@ TEST(SystematicCheck, TheStatisticResolutionMatchesAScanOfPlantedErrors) {
   EXPECT_GE(z_at(-closed * (1 + 1e-9)), SystematicCheck::kReportZ - 1e-6);
 }
 
+/// The envelope's counts and resolution: an element 3 envelopes off along õ = 2 counts at
+/// level 2 only; 8 envelopes are reached by β = 5e/2 its way, (8 + 3)e/2 the other (the worse).
+TEST(SystematicCheck, TheEnvelopeCountsRatiosAndItsResolution) {
+  SystematicCheck c;
+  const double e = std::ldexp(1.0, -20);
+  DecodeBound b{{1.0}, {0.0}, {1.0}, {2.0}, {1.0}};
+  b.envelope = {e};
+  c.record(2.0 + 3 * e, 2.0, b, 0);
+  EXPECT_DOUBLE_EQ(c.max_envelope_ratio(), 3.0);
+  EXPECT_EQ(c.envelope_count(0), 1);
+  EXPECT_EQ(c.envelope_count(1), 0);
+  EXPECT_DOUBLE_EQ(c.current_envelope_resolution(), 11 * e / 2);
+  // Without an envelope an element counts nowhere.
+  c.record(2.5, 2.0, DecodeBound{{1.0}, {0.0}, {1.0}, {2.0}, {1.0}}, 0);
+  EXPECT_EQ(c.envelope_elements(), 1);
+  EXPECT_DOUBLE_EQ(c.max_envelope_ratio(), 3.0);
+}
+
 TEST(SystematicCheck, TheSummaryReportsBothResolutions) {
   Rng rng(fresh_seed());
   SystematicCheck c;

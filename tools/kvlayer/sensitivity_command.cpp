@@ -203,6 +203,14 @@ double launch_z(const std::vector<double>& got, const ref::DecodeBound& b) {
                   std::fabs(c.current_z(ref::SystematicCheck::constant)));
 }
 
+/// The largest |x − õ| / envelope over the output (DecodeBound::envelope, report only).
+double envelope_ratio(const std::vector<double>& x, const ref::DecodeBound& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (b.envelope[i] > 0) worst = std::max(worst, std::fabs(x[i] - b.rounded[i]) / b.envelope[i]);
+  return worst;
+}
+
 /// The largest |planted − clean| / bound over the output (the bound from ref::decode_bound).
 double worst_ratio(const std::vector<double>& planted, const std::vector<double>& clean,
                    const ref::DecodeBound& b) {
@@ -227,7 +235,8 @@ int run(const std::vector<std::string>& args) {
   std::mt19937_64 rng(std::uint64_t(o.integer("seed", 1, 0, INT64_MAX)));
   std::printf(
       "kvlayer sensitivity: the smallest planted relative error 2^-k (k = %d..%d) whose decode "
-      "leaves the bound\n(reference, float64; 1 KV head, gqa %d; '-' none caught down to "
+      "leaves the bound / reaches 8 envelopes\n(the envelope: DecodeBound::envelope, report "
+      "only)\n(reference, float64; 1 KV head, gqa %d; '-' none caught down to "
       "2^-%d; drop: the largest |error|/bound when the first or last key is left out; no plant:\n"
       "the same for fp16(q) alone, e_q/bound)\n%s\n",
       kLastExponent, kFirstExponent, kGqa, kFirstExponent,
@@ -239,10 +248,11 @@ int run(const std::vector<std::string>& args) {
   if (gpu)
     std::printf(
         "GPU mode: each plant's effect is added to the CUDA layer's own decode of the same rows\n"
-        "(its real rounding); a cell reads bound/z10/z12: the smallest 2^-k that leaves the\n"
-        "bound / the launch's |z| in the statistical check with the plant at 2^-10 / at 2^-12\n"
-        "(report only: nothing fails on it, systematic_check.hpp); drop and no-plant cells\n"
-        "read |error|/bound, |z|\n\n");
+        "(its real rounding); a cell reads bound/env/z10/z12: the smallest 2^-k that leaves the\n"
+        "bound / that reaches 8 envelopes (DecodeBound::envelope) / the launch's |z| in the\n"
+        "statistical check with the plant at 2^-10 / at 2^-12 (envelope and statistic: report\n"
+        "only, nothing fails on them, systematic_check.hpp); drop cells read |error|/bound, |z|;\n"
+        "the no-plant cell |error|/bound, |z|, |error|/envelope (the clean ratio)\n\n");
   std::printf("%-4s %-7s %-7s", "D", "keys", "data");
   for (Plant p : kPlants) std::printf(" %26s", plant_name(p));
   std::printf(" %16s %16s %16s  %s\n", "drop first", "drop last", "no plant", "self-check");
@@ -331,10 +341,10 @@ int run(const std::vector<std::string>& args) {
           self = std::max(self, std::fabs(clean[i] - b.rounded[i]) / b.bound[i]);
         std::printf("%-4d %-7lld %-7s", D, (long long)keys, data_name(data));
         for (const Plant plant : kPlants) {
-          int caught = 0;
+          int caught = 0, enveloped = 0;  // the bound's, the envelope's at 8 envelopes
           double z10 = 0, z12 = 0;  // GPU mode: the launch's |z| with the plant at 2^-10, 2^-12
-          for (int e = kLastExponent; e >= kFirstExponent && (caught == 0 || (gpu && e >= 10));
-               --e) {
+          for (int e = kLastExponent;
+               e >= kFirstExponent && (caught == 0 || enveloped == 0 || (gpu && e >= 10)); --e) {
             const double eps = std::ldexp(1.0, -e);
             std::vector<double> planted;
             switch (plant) {
@@ -352,19 +362,23 @@ int run(const std::vector<std::string>& args) {
                 for (double& x : planted) x *= 1 + eps;
                 break;
             }
+            const double level = ref::SystematicCheck::kEnvelopeLevels[2];
             if (!gpu) {
-              if (worst_ratio(planted, clean_ref, b) > 1) caught = e;
+              if (caught == 0 && worst_ratio(planted, clean_ref, b) > 1) caught = e;
+              if (enveloped == 0 && envelope_ratio(planted, b) >= level) enveloped = e;
               continue;
             }
             const std::vector<double> seen = on_gpu(got, planted, clean);
             if (caught == 0 && worst_ratio(seen, clean_ref, b) > 1) caught = e;
+            if (enveloped == 0 && envelope_ratio(seen, b) >= level) enveloped = e;
             if (e == 10) z10 = launch_z(seen, b);
             if (e == 12) z12 = launch_z(seen, b);
           }
           const auto cell = [](int k) { return k ? "2^-" + std::to_string(k) : std::string("-"); };
           char zs[64];
           std::snprintf(zs, sizeof zs, "/%.3g/%.3g", z10, z12);
-          std::printf(" %26s", gpu ? (cell(caught) + zs).c_str() : cell(caught).c_str());
+          const std::string both = cell(caught) + "/" + cell(enveloped);
+          std::printf(" %26s", gpu ? (both + zs).c_str() : both.c_str());
         }
         for (const std::int64_t dropped : {std::int64_t(0), keys - 1}) {
           if (keys < 2) {
@@ -384,7 +398,8 @@ int run(const std::vector<std::string>& args) {
         }
         if (gpu) {
           const std::vector<double> seen(got.begin(), got.end());
-          std::printf(" %9.3g,%6.3g", worst_ratio(seen, clean_ref, b), launch_z(seen, b));
+          std::printf(" %9.3g,%6.3g,%6.3g", worst_ratio(seen, clean_ref, b), launch_z(seen, b),
+                      envelope_ratio(seen, b));
         } else {
           std::printf(" %16.3g", worst_ratio(clean, clean_ref, b));
         }

@@ -53,11 +53,19 @@ struct DecodeBound {
   /// The distance from õ to the farthest value a convex combination of the view's V could take
   /// at the element (max(õ − min V, max V − õ)): a bound this large admits any wrong weights.
   std::vector<double> convex_reach;
+  /// Not a bound: the scale of the rounding that occurs (issue #34's envelope, report only).
+  /// The bound's terms with each worst-case sum over keys replaced by its root-sum-square,
+  /// sqrt(Σ_t (w_t·|V_te|)²) for the p and V roundings and the score errors, and the square
+  /// root of the accumulation chains; the small rigorous terms as they are. A kernel's rounding
+  /// errors per key are signed and nearly independent, so |GPU − õ| / envelope stays near 1
+  /// where the bound is hundreds of times the error; its clean maximum is measured
+  /// (SystematicCheck) before any threshold is declared.
+  std::vector<double> envelope = {};
 
   /// Appends another output's elements (the rows of a verify, one after another).
   void append(const DecodeBound& o) {
     for (auto field : {&DecodeBound::bound, &DecodeBound::exact_q, &DecodeBound::max_abs_v,
-                       &DecodeBound::rounded, &DecodeBound::convex_reach})
+                       &DecodeBound::rounded, &DecodeBound::convex_reach, &DecodeBound::envelope})
       (this->*field).insert((this->*field).end(), (o.*field).begin(), (o.*field).end());
   }
 };

@@ -80,9 +80,24 @@ class SystematicCheck {
   /// +inf when the q-th launch caught nothing), for the bound and for the statistic.
   double bound_resolution(double q) const;
   double statistic_resolution(double q) const;
+
+  // The envelope (DecodeBound::envelope, report only): |GPU − õ| / envelope per element.
+  static constexpr double kEnvelopeLevels[] = {2, 4, 8};
+  /// The largest ratio over every element recorded with an envelope.
+  double max_envelope_ratio() const { return max_envelope_ratio_; }
+  /// Elements at or above kEnvelopeLevels[k].
+  std::int64_t envelope_count(int k) const { return envelope_counts_[std::size_t(k)]; }
+  std::int64_t envelope_elements() const { return envelope_elements_; }
+  /// For the launch in progress: the smallest relative output error β (worse sign) that would
+  /// have put an element at kEnvelopeLevels[2] envelopes (+inf: no element with an envelope).
+  double current_envelope_resolution() const;
+  /// Over the launches: that resolution at percentile q (as bound_resolution).
+  double envelope_resolution(double q) const;
   /// "systematic check (report only): L launches of >= 64 elements (E elements, S smaller
   /// launches left out); |z| along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5);
-  /// smallest relative output error caught per launch: bound p50 … p90 …, statistic p50 … p90 …"
+  /// smallest relative output error caught per launch: bound p50 … p90 …, statistic p50 … p90 …;
+  /// envelope: max |GPU − õ|/envelope …, elements ≥ 2: …, ≥ 4: …, ≥ 8: … of E; 8 envelopes
+  /// reached per launch by a relative error of p50 … p90 …"
   /// With a kernel path ("verify d128"), the line names it: "systematic check [verify d128] …".
   std::string summary(const std::string& path = "") const;
 
@@ -105,6 +120,11 @@ class SystematicCheck {
   std::vector<std::int64_t> bound_histogram_ = std::vector<std::int64_t>(kResolutionBins, 0),
                             statistic_histogram_ = std::vector<std::int64_t>(kResolutionBins, 0);
   std::int64_t bound_launches_ = 0;
+  double envelope_up_ = INFINITY, envelope_down_ = INFINITY;  ///< the launch in progress
+  std::int64_t envelope_in_launch_ = 0, envelope_launches_ = 0, envelope_elements_ = 0;
+  std::vector<std::int64_t> envelope_histogram_ = std::vector<std::int64_t>(kResolutionBins, 0);
+  std::array<std::int64_t, 3> envelope_counts_{};
+  double max_envelope_ratio_ = 0;
   std::int64_t launches_ = 0, elements_ = 0, small_launches_ = 0;
   std::array<double, kSignatures> max_abs_z_{};
   std::array<std::int64_t, kSignatures> alarms_{};
