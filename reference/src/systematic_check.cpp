@@ -11,20 +11,23 @@ double sigma(SystematicCheck::Signature s, double rounded) {
   return s == SystematicCheck::output ? rounded : 1.0;
 }
 
+/// The smallest relative errors β ≥ 0 along õ, one per sign, that take an element d away from
+/// its reference to |d + β·õ| ≥ level, folded into up and down: from d's side (level − |d|)/|õ|,
+/// across zero first (level + |d|)/|õ|.
+void reach(double d, double o, double level, double& up, double& down) {
+  const double toward = std::max(0.0, (level - std::fabs(d)) / std::fabs(o));
+  const double across = (level + std::fabs(d)) / std::fabs(o);
+  const bool same = d * o >= 0;
+  up = std::min(up, same ? toward : across);
+  down = std::min(down, same ? across : toward);
+}
+
 }  // namespace
 
 void SystematicCheck::record(double got, double want, const DecodeBound& b, std::size_t i) {
   const double bound = b.bound[i], o = b.rounded[i];
   const double d = got - want;
-  if (std::isfinite(d) && std::isfinite(o) && o != 0) {
-    // |d + β·õ| > bound: for β of õ's direction from d's side, (bound − |d|)/|õ|; across zero
-    // first, (bound + |d|)/|õ|.
-    const double toward = (bound - std::fabs(d)) / std::fabs(o);
-    const double across = (bound + std::fabs(d)) / std::fabs(o);
-    const bool same = d * o >= 0;
-    bound_up_ = std::min(bound_up_, std::max(0.0, same ? toward : across));
-    bound_down_ = std::min(bound_down_, std::max(0.0, same ? across : toward));
-  }
+  if (std::isfinite(d) && std::isfinite(o) && o != 0) reach(d, o, bound, bound_up_, bound_down_);
   if (i < b.envelope.size() && b.envelope[i] > 0 && std::isfinite(b.envelope[i]) &&
       std::isfinite(got) && std::isfinite(o)) {
     const double env = b.envelope[i], r = got - o, ratio = std::fabs(r) / env;
@@ -33,14 +36,7 @@ void SystematicCheck::record(double got, double want, const DecodeBound& b, std:
     max_envelope_ratio_ = std::max(max_envelope_ratio_, ratio);
     for (std::size_t k = 0; k < envelope_counts_.size(); ++k)
       if (ratio >= kEnvelopeLevels[k]) ++envelope_counts_[k];
-    if (o != 0) {  // as the bound's: from r's side, then across zero
-      const double level = kEnvelopeLevels[2] * env;
-      const double toward = std::max(0.0, (level - std::fabs(r)) / std::fabs(o));
-      const double across = (level + std::fabs(r)) / std::fabs(o);
-      const bool same = r * o >= 0;
-      envelope_up_ = std::min(envelope_up_, same ? toward : across);
-      envelope_down_ = std::min(envelope_down_, same ? across : toward);
-    }
+    if (o != 0) reach(r, o, kEnvelopeLevels[2] * env, envelope_up_, envelope_down_);
   }
   record_residual(got, o, bound - b.exact_q[i]);
 }
