@@ -50,6 +50,9 @@ batch = ab.rows("batch_dc      8x128 gqa 8 B 32 log     214215      -     130.00
                 "batch_dc_graph 8x128 gqa 8 B 32 log     214215      -     120.50   1  1  1%  1  1%\n")
 check(batch == {("batch_dc_graph", "B32 log", "8x128", "8", "214215", "-"): 120.5},
       f"rows: the graph-replayed batch row alone, got {batch}")
+verify = ab.rows("batch_verify_dc_graph T4 8x128 gqa 8 B 8 4k   32768   -   90.25   1  1  1%  1  1%\n")
+check(verify == {("batch_verify_dc_graph", "T4 B8 4k", "8x128", "8", "32768", "-"): 90.25},
+      f"rows: a batch verify row keeps its T, got {verify}")
 
 # ---- a whole run over fake builds ----
 with tempfile.TemporaryDirectory() as tmp:

@@ -371,8 +371,8 @@ cudaError_t launch_append(const AppendArgs& a, AppendMode mode, cudaStream_t str
   // A batch: one row of blocks per position, the wave shared between them.
   const int positions = a.batch.slots != nullptr ? a.max_batch : 1;
   if (positions < 1) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(
-                      std::min((blocks + kThreads - 1) / kThreads, std::max(1LL, wave / positions))),
+  const dim3 grid(static_cast<unsigned>(std::min((blocks + kThreads - 1) / kThreads,
+                                                 std::max(1LL, wave / positions))),
                   static_cast<unsigned>(positions));
   switch (a.dtype) {
     case DType::f32:

@@ -30,11 +30,20 @@ struct KvBatch::State {
   DeviceBuffer active;      ///< int32[max_batch]
   DeviceBuffer n_active;    ///< int32
   DeviceBuffer scratch;     ///< max_batch · batch_scratch_stride(plan)
+  /// A decode's schedule (detail::BatchSchedule): int32 splits, keys_per_split, first_item
+  /// [max_batch] each, item_position[batch_max_items], n_items.
+  DeviceBuffer schedule;
   std::vector<int> active_host;
   bool list_written = false;  ///< set_active has written the device list (a mutant's state)
 
   const KvLayer::State& first() const { return *layers.front().s_; }
   int max_batch() const { return int(layers.size()); }
+  detail::BatchSchedule batch_schedule() const {
+    auto* base = schedule.as<std::int32_t>();
+    const std::size_t b = std::size_t(max_batch());
+    const std::size_t items = std::size_t(detail::batch_max_items(plan, max_batch()));
+    return detail::BatchSchedule{base, base + b, base + 2 * b, base + 3 * b, base + 3 * b + items};
+  }
   detail::BatchList list() const {
     return detail::BatchList{slots.as<detail::SequenceSlot>(), active.as<std::int32_t>(),
                              n_active.as<std::int32_t>()};
@@ -117,6 +126,7 @@ struct KvBatch::State {
     a.batch = list();
     a.max_batch = max_batch();
     a.windowed = windowed;
+    a.schedule = batch_schedule();
     KVLAYER_CUDA_TRY_NAMED(detail::launch_decode(a, plan, stream), "launch_decode");
   }
 };
@@ -147,9 +157,12 @@ KvBatch::KvBatch(const Geometry& geometry, int n_q_heads, int max_batch, cudaStr
   s.active = DeviceBuffer(std::size_t(max_batch) * sizeof(std::int32_t));
   s.n_active = DeviceBuffer(sizeof(std::int32_t));
   s.scratch = DeviceBuffer(std::size_t(max_batch) * detail::batch_scratch_stride(s.plan));
+  s.schedule = DeviceBuffer(
+      (3 * std::size_t(max_batch) + std::size_t(detail::batch_max_items(s.plan, max_batch)) + 1) *
+      sizeof(std::int32_t));
   KVLAYER_CUDA_TRY(cudaMemcpyAsync(s.slots.get(), slots.data(), s.slots.bytes(),
                                    cudaMemcpyHostToDevice, stream));
-  for (const DeviceBuffer* b : {&s.active, &s.n_active, &s.scratch})
+  for (const DeviceBuffer* b : {&s.active, &s.n_active, &s.scratch, &s.schedule})
     KVLAYER_CUDA_TRY(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
   KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
 }
@@ -245,10 +258,13 @@ void KvBatch::decode_rows_dcw(const float* q, float* out, int T, std::optional<f
   s_->decode(q, out, T, scale, true);
 }
 
-kvlayer::AccumulationShape KvBatch::accumulation_shape(int T) const {
-  s_->check_t(T, "batch accumulation_shape");
-  return T == 1 ? detail::accumulation_shape(s_->plan)
-                : detail::verify_accumulation_shape(s_->plan, T);
+std::vector<kvlayer::AccumulationShape> KvBatch::accumulation_shapes(
+    int T, std::span<const std::int64_t> view_keys) const {
+  s_->check_t(T, "batch accumulation_shapes");
+  if (view_keys.size() > std::size_t(s_->max_batch()))
+    refuse("batch accumulation_shapes", "view_keys has ", view_keys.size(),
+           " entries, more than max_batch ", s_->max_batch());
+  return detail::batch_shapes(s_->plan, T, view_keys);
 }
 
 }  // namespace kvlayer::cuda

@@ -31,6 +31,7 @@ cuda::DecodeOptions decode_options(const DecodeChoice& choice) {
   if (choice.rows) o.rows = cuda::DecodeOptions::Rows(int(*choice.rows));
   if (choice.split_balance) o.split_balance = *choice.split_balance;
   o.max_verify_splits = choice.max_verify_splits;
+  if (choice.batch_waves) o.batch_waves = *choice.batch_waves;
   return o;
 }
 
@@ -130,8 +131,9 @@ class CudaBatchSystem final : public BatchSystem {
   Snapshot snapshot(int i) override {
     return testing::snapshot(batch_.layer(i), testing::Tails::read);
   }
-  kvlayer::AccumulationShape accumulation_shape(int t) override {
-    return batch_.accumulation_shape(t);
+  std::vector<kvlayer::AccumulationShape> accumulation_shapes(
+      int t, std::span<const std::int64_t> view_keys) override {
+    return batch_.accumulation_shapes(t, view_keys);
   }
 
  private:

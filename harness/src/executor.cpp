@@ -108,8 +108,9 @@ class TimedBatchSystem final : public BatchSystem {
     const HangWatchdog::Call watched(watchdog_);
     return inner_->snapshot(i);
   }
-  kvlayer::AccumulationShape accumulation_shape(int t) override {
-    return timed([&] { return inner_->accumulation_shape(t); });
+  std::vector<kvlayer::AccumulationShape> accumulation_shapes(
+      int t, std::span<const std::int64_t> view_keys) override {
+    return timed([&] { return inner_->accumulation_shapes(t, view_keys); });
   }
 
  private:

@@ -241,6 +241,9 @@ DecodeChoice draw_decode_choice(const DrawLimits& limits) {
   }
   if (const int v = *rc::gen::inRange(0, 4); v >= 2)
     d.max_verify_splits = v == 2 ? 1 : *rc::gen::inRange(2, 9);
+  // A batch decode's schedule: one wave (the longest blocks, one split per view where the batch
+  // is large) or 64 (the finest cut the balance allows).
+  if (const int w = *rc::gen::inRange(0, 6); w >= 4) d.batch_waves = w == 4 ? 1 : 64;
   if (limits.rows) d.rows = limits.rows;
   if (limits.kernel) d.kernel = limits.kernel;
   return d;

@@ -172,6 +172,7 @@ json decode_json(const DecodeChoice& d) {
   if (d.rows) j["rows"] = kRows[int(*d.rows)];
   if (d.split_balance) j["split_balance"] = *d.split_balance;
   if (d.max_verify_splits != 0) j["max_verify_splits"] = d.max_verify_splits;
+  if (d.batch_waves) j["batch_waves"] = *d.batch_waves;
   return j;
 }
 
@@ -189,7 +190,8 @@ int one_of(const json& obj, const char* key, const char* const (&names)[N]) {
 DecodeChoice decode_of(const json& j) {
   if (!j.is_object()) malformed("decode", "expected an object");
   for (const auto& [key, value] : j.items())
-    if (key != "kernel" && key != "rows" && key != "split_balance" && key != "max_verify_splits")
+    if (key != "kernel" && key != "rows" && key != "split_balance" && key != "max_verify_splits" &&
+        key != "batch_waves")
       malformed("decode", "unknown field '" + key + "'");
   DecodeChoice d;
   if (j.contains("kernel")) d.kernel = DecodeChoice::Kernel(one_of(j, "kernel", kKernels));
@@ -198,6 +200,7 @@ DecodeChoice decode_of(const json& j) {
     d.split_balance = int(integer(j, "split_balance", "decode", 0, 64));
   if (j.contains("max_verify_splits"))
     d.max_verify_splits = int(integer(j, "max_verify_splits", "decode", 0, 1024));
+  if (j.contains("batch_waves")) d.batch_waves = int(integer(j, "batch_waves", "decode", 1, 64));
   return d;
 }
 

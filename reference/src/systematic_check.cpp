@@ -37,6 +37,10 @@ void SystematicCheck::record(double got, double want, const DecodeBound& b, std:
     for (std::size_t k = 0; k < envelope_counts_.size(); ++k)
       if (ratio >= kEnvelopeLevels[k]) ++envelope_counts_[k];
     if (o != 0) reach(r, o, kEnvelopeLevels[2] * env, envelope_up_, envelope_down_);
+    const double rho = r / env, kappa = o / env;
+    energy_rr_ += rho * rho;
+    energy_rk_ += rho * kappa;
+    energy_kk_ += kappa * kappa;
   }
   record_residual(got, o, bound - b.exact_q[i]);
 }
@@ -48,6 +52,27 @@ double SystematicCheck::current_envelope_resolution() const {
 
 double SystematicCheck::envelope_resolution(double q) const {
   return resolution_at(envelope_histogram_, envelope_launches_, q);
+}
+
+double SystematicCheck::current_energy() const {
+  return envelope_in_launch_ > 0 ? energy_rr_ / double(envelope_in_launch_) : 0.0;
+}
+
+double SystematicCheck::current_energy_resolution() const {
+  // Σ(ρ + βκ)² ≥ 4·Σρ² ⇔ Σκ²·β² ± 2·Σρκ·β − 3·Σρ² ≥ 0: the positive root of the worse sign.
+  if (envelope_in_launch_ == 0 || !(energy_kk_ > 0)) return INFINITY;
+  const double a = energy_kk_, b = 2 * std::fabs(energy_rk_), c = -3 * energy_rr_;
+  if (c == 0) return 0;  // no residual at all: any β raises it
+  // The sign that lowers the energy first (b > 0 against it) needs the larger β.
+  return (b + std::sqrt(b * b - 4 * a * c)) / (2 * a);
+}
+
+double SystematicCheck::energy(double q) const {
+  return resolution_at(energy_histogram_, envelope_launches_, q);
+}
+
+double SystematicCheck::energy_resolution(double q) const {
+  return resolution_at(energy_resolution_histogram_, envelope_launches_, q);
 }
 
 void SystematicCheck::record(double got, double rounded, double noise_scale) {
@@ -142,6 +167,10 @@ void SystematicCheck::end_launch() {
     if (envelope_in_launch_ > 0) {
       ++envelope_launches_;
       ++envelope_histogram_[std::size_t(resolution_bin(current_envelope_resolution()))];
+      const double e = current_energy();
+      max_energy_ = std::max(max_energy_, e);
+      ++energy_histogram_[std::size_t(resolution_bin(e > 0 ? e : std::ldexp(1.0, -41)))];
+      ++energy_resolution_histogram_[std::size_t(resolution_bin(current_energy_resolution()))];
     }
     for (int s = 0; s < kSignatures; ++s) {
       const double z = std::fabs(current_z(Signature(s)));
@@ -158,6 +187,7 @@ void SystematicCheck::end_launch() {
   bound_up_ = bound_down_ = INFINITY;
   envelope_up_ = envelope_down_ = INFINITY;
   envelope_in_launch_ = 0;
+  energy_rr_ = energy_rk_ = energy_kk_ = 0;
   unbounded_ = 0;
   in_launch_ = 0;
 }
@@ -170,12 +200,15 @@ void SystematicCheck::add(const SystematicCheck& o) {
   envelope_launches_ += o.envelope_launches_;
   envelope_elements_ += o.envelope_elements_;
   max_envelope_ratio_ = std::max(max_envelope_ratio_, o.max_envelope_ratio_);
+  max_energy_ = std::max(max_energy_, o.max_energy_);
   for (std::size_t k = 0; k < envelope_counts_.size(); ++k)
     envelope_counts_[k] += o.envelope_counts_[k];
   for (int b = 0; b < kResolutionBins; ++b) {
     bound_histogram_[std::size_t(b)] += o.bound_histogram_[std::size_t(b)];
     statistic_histogram_[std::size_t(b)] += o.statistic_histogram_[std::size_t(b)];
     envelope_histogram_[std::size_t(b)] += o.envelope_histogram_[std::size_t(b)];
+    energy_histogram_[std::size_t(b)] += o.energy_histogram_[std::size_t(b)];
+    energy_resolution_histogram_[std::size_t(b)] += o.energy_resolution_histogram_[std::size_t(b)];
   }
   for (int s = 0; s < kSignatures; ++s) {
     max_abs_z_[s] = std::max(max_abs_z_[s], o.max_abs_z_[s]);
@@ -230,7 +263,10 @@ std::string SystematicCheck::summary(const std::string& path) const {
          ", >= 4: " + std::to_string(envelope_counts_[1]) +
          ", >= 8: " + std::to_string(envelope_counts_[2]) + " of " +
          std::to_string(envelope_elements_) + "; 8 envelopes reached per launch by p50 " +
-         beta(envelope_resolution(0.5)) + " p90 " + beta(envelope_resolution(0.9));
+         beta(envelope_resolution(0.5)) + " p90 " + beta(envelope_resolution(0.9)) +
+         "; energy per launch p50 " + beta(energy(0.5)) + " p99 " + beta(energy(0.99)) + " max " +
+         beta(max_energy_) + ", 4x reached by p50 " + beta(energy_resolution(0.5)) + " p90 " +
+         beta(energy_resolution(0.9));
 }
 
 }  // namespace kvlayer::ref

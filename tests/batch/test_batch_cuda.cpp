@@ -53,7 +53,8 @@ struct DecodeCounts {
 void expect_batch_outputs(const std::vector<float>& got,
                           const std::vector<std::optional<std::vector<double>>>& want,
                           const ref::KvBatch& model, const std::vector<float>& q, int n_q_heads,
-                          int t, const AccumulationShape& shape, DecodeCounts& counts) {
+                          int t, const std::vector<AccumulationShape>& shapes,
+                          DecodeCounts& counts) {
   const Geometry& g = model.geometry();
   const std::size_t per = std::size_t(t) * std::size_t(n_q_heads) * std::size_t(g.head_dim_v);
   for (std::size_t j = 0; j * per < got.size(); ++j) {
@@ -71,7 +72,7 @@ void expect_batch_outputs(const std::vector<float>& got,
     const std::vector<ref::DecodeView> views =
         ref::verify_views(g, layer.len_d(), g.window ? layer.base_d() : 0, t);
     const std::vector<ref::DecodeBound> bounds =
-        ref::decode_rows_bound(layer, qj, n_q_heads, std::nullopt, views, shape);
+        ref::decode_rows_bound(layer, qj, n_q_heads, std::nullopt, views, shapes.at(j));
     const std::vector<double>& w = *want[j];
     ASSERT_EQ(w.size(), per);
     int failures = 0;
@@ -164,7 +165,8 @@ void run_engine_steps(
     const auto want =
         windowed ? model.decode_rows_dcw(q, n_q_heads, t) : model.decode_rows_dc(q, n_q_heads, t);
     expect_batch_outputs(out.download(stream.get()), want, model, q, n_q_heads, t,
-                         gpu.accumulation_shape(t), counts);
+                         gpu.accumulation_shapes(t, testing::batch_view_keys(model, want, t)),
+                         counts);
     if (t > 1) verify_outputs += std::int64_t(active.size());
     ASSERT_EQ(batch_difference(gpu, model), "") << "after the decode";
     for (const int i : active) {
@@ -214,6 +216,56 @@ TEST(CudaBatch, WindowedRingBatchEqualsTheReferenceBatch) {
   // Window 48, appends of up to 8 rows, slack 4: rebases every few steps.
   run_engine_steps(ring(2, 128, 100000, 48, 8, 4), 8, 5, 60, fresh_seed());
   run_engine_steps(ring(1, 64, 100000, 64, 8, 8), 4, 4, 80, fresh_seed());
+}
+
+// A batch decode's schedule (batch_schedule.hpp) at its extremes: one long view among short
+// ones, in a list out of index order, cut into more splits than the plan holds (clamped), into
+// one split per view (balance 64 in one wave) and as finely as it goes (balance 0, 64 waves);
+// every output within its position's bound, which takes the shape of the splits the schedule's
+// host twin computes (a key left out, or cut otherwise than the twin says, fails it).
+TEST(CudaBatch, TheScheduleCutsSkewedViewsUnderEveryOption) {
+  KVLAYER_REQUIRE_GPU();
+  const Geometry g = flat(2, 128, 20000);
+  constexpr int kBatch = 5, kHeads = 16;
+  const std::int64_t lengths[kBatch] = {19000, 3, 1, 700, 64};
+  struct Choice {
+    int balance, waves;
+  };
+  for (const Choice c : {Choice{2, 8}, Choice{0, 64}, Choice{64, 1}, Choice{0, 1}}) {
+    SCOPED_TRACE("balance " + std::to_string(c.balance) + " waves " + std::to_string(c.waves));
+    cuda::DecodeOptions options;
+    options.split_balance = c.balance;
+    options.batch_waves = c.waves;
+    Rng rng(fresh_seed());
+    Stream stream;
+    cuda::KvBatch gpu(g, kHeads, kBatch, stream.get(), kMaxVerify, options);
+    ref::KvBatch model(g, kBatch, kMaxVerify);
+    for (int i = 0; i < kBatch; ++i) {
+      const HostRows h = make_rows(g, lengths[i], DType::f32, Fill::random, rng);
+      const DeviceRows d(h);
+      gpu.layer(i).append(d.view);
+      model.layer(i).append(h.view());
+    }
+    const std::vector<int> active{4, 0, 2, 1, 3};
+    gpu.set_active(active);
+    model.set_active(active);
+    const std::size_t per = std::size_t(kHeads) * std::size_t(g.head_dim_k);
+    std::vector<float> q(kBatch * per);
+    for (float& x : q) x = rng.uniform(-1, 1);
+    DeviceFloats dq(q.size()), out(q.size());
+    dq.upload(q);
+    out.poison(stream.get());
+    gpu.decode_rows_dc(dq.get(), out.get(), 1);
+    const auto want = model.decode_rows_dc(q, kHeads, 1);
+    const std::vector<AccumulationShape> shapes =
+        gpu.accumulation_shapes(1, testing::batch_view_keys(model, want, 1));
+    DecodeCounts counts;
+    expect_batch_outputs(out.download(stream.get()), want, model, q, kHeads, 1, shapes, counts);
+    EXPECT_EQ(counts.outputs, kBatch);
+    // The long view is cut into the most splits of any position, the short ones into one.
+    EXPECT_GE(shapes[1].n_splits, shapes[3].n_splits);
+    EXPECT_EQ(shapes[2].n_splits, 1);
+  }
 }
 
 TEST(CudaBatch, ACapturedStepServesAChangingMembership) {
@@ -286,7 +338,8 @@ TEST(CudaBatch, ACapturedStepServesAChangingMembership) {
     const std::vector<float> q_used(q.begin(), q.begin() + std::ptrdiff_t(active.size() * per));
     const auto want = model.decode_rows_dc(q_used, kHeads, 1);
     expect_batch_outputs(out.download(stream.get()), want, model, q_used, kHeads, 1,
-                         gpu.accumulation_shape(1), counts);
+                         gpu.accumulation_shapes(1, testing::batch_view_keys(model, want, 1)),
+                         counts);
     for (const int i : active) {
       gpu.layer(i).account_steps(1);
       model.layer(i).account_steps(1);
@@ -363,6 +416,14 @@ TEST(CudaBatch, RefusalsNameTheValueAndChangeNothing) {
   expect_refused_unchanged(
       batch, [&] { batch.decode_rows_dc(nullptr, out.get(), 1); },
       "batch decode_rows_dc: q and out must not be null");
+  const std::int64_t five_views[] = {3, 5, 0, 7, 9}, two_views[] = {3, 5};
+  expect_refused_unchanged(
+      batch, [&] { (void)batch.accumulation_shapes(1, five_views); },
+      "batch accumulation_shapes: view_keys has 5 entries, more than max_batch 4");
+  EXPECT_EQ(batch.accumulation_shapes(1, two_views).size(), 2u);  // any list, not only the active
+  expect_refused_unchanged(
+      batch, [&] { (void)batch.accumulation_shapes(0, two_views); },
+      "batch accumulation_shapes: T 0 is outside [1, max_verify 4]");
   // A ring refuses the flat operations, as its layers do.
   const Geometry rg = ring(2, 64, 1000, 16, 4, 2);
   cuda::KvBatch rings(rg, 4, 3, stream.get(), 4);
@@ -419,7 +480,8 @@ TEST(CudaBatch, OneSequencesOverrunIsRecordedForItAlone) {
   ASSERT_FALSE(want[1].has_value()) << "the reference decoded past max_ctx";
   DecodeCounts counts;
   expect_batch_outputs(out.download(stream.get()), want, model, q, kHeads, 2,
-                       gpu.accumulation_shape(2), counts);
+                       gpu.accumulation_shapes(2, testing::batch_view_keys(model, want, 2)),
+                       counts);
   EXPECT_EQ(counts.outputs, 2);
   EXPECT_EQ(counts.refused, 1);
   ASSERT_EQ(batch_difference(gpu, model), "");

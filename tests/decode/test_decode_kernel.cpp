@@ -191,7 +191,9 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   EXPECT_EQ(cuda::detail::row_chunks(p, 8), 1);   // 64 rows, four row groups
   EXPECT_EQ(cuda::detail::row_chunks(p, 16), 2);  // 128 rows
   EXPECT_EQ(cuda::detail::verify_splits(p, 1), p.n_splits);
-  const int blocks = cuda::detail::kVerifyBlocksPerSm * 132;  // the verify kernel's wave
+  // The verify kernel's wave.
+  const int blocks =
+      cuda::detail::split_blocks_per_sm(cuda::detail::SplitKernel::mma_verify, 128, 16) * 132;
   EXPECT_EQ(cuda::detail::verify_splits(p, 8), blocks / 8);
   EXPECT_EQ(cuda::detail::verify_splits(p, 16), blocks / 16);
   const kvlayer::AccumulationShape t1 = cuda::detail::verify_accumulation_shape(p, 1);
@@ -240,10 +242,60 @@ TEST(DecodePlan, MmaBlocksPerSmAreResident) {
         EXPECT_GE(blocks, cuda::detail::decode_mma_blocks_per_sm(d, rows))
             << n_kv << " KV heads, D " << d << " gqa " << gqa << " rows " << rows;
       }
-  for (const auto& [d, rows] : {std::pair{128, 16}, {128, 32}, {128, 64}, {256, 16}, {256, 32}}) {
+  for (const cuda::detail::SplitInstance& i : cuda::detail::kSplitInstances) {
+    if (i.kernel != cuda::detail::SplitKernel::mma_verify) continue;
     int blocks = 0;
-    ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(d, rows, &blocks), cudaSuccess);
-    EXPECT_GE(blocks, cuda::detail::kVerifyBlocksPerSm) << "verify D " << d << " rows " << rows;
+    ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(i.head_dim, i.rows, &blocks), cudaSuccess);
+    EXPECT_GE(blocks, i.blocks_per_sm) << "verify D " << i.head_dim << " rows " << i.rows;
+  }
+}
+
+// The instance table is what select_split_kernel chooses from: every choice, for every head
+// dim, gqa, kernel family, row choice, batch and T, is a compiled instance (split_instances.hpp).
+TEST(DecodePlan, EveryKernelChoiceIsACompiledInstance) {
+  using cuda::detail::SplitChoice;
+  int checked = 0;
+  for (const int d : cuda::kSupportedHeadDims)
+    for (int gqa = 1; gqa <= cuda::kMaxGqa; ++gqa)
+      for (const auto kernel :
+           {cuda::DecodeOptions::Kernel::mma, cuda::DecodeOptions::Kernel::cuda_core})
+        for (const auto rows : {cuda::DecodeOptions::Rows::automatic,
+                                cuda::DecodeOptions::Rows::split, cuda::DecodeOptions::Rows::whole})
+          for (const bool batch : {false, true}) {
+            cuda::DecodeOptions o;
+            o.kernel = kernel;
+            o.rows = rows;
+            auto plan = plan_decode(1, d, gqa, 65536, 132, o);
+            plan.batch = batch;
+            for (int t = 0; t <= cuda::kMaxVerify; ++t) {
+              const SplitChoice c = cuda::detail::select_split_kernel(plan, t);
+              EXPECT_TRUE(cuda::detail::split_instance_built(c.kernel, d, c.rows))
+                  << cuda::detail::split_kernel_name(c.kernel) << " D " << d << " rows " << c.rows
+                  << " (gqa " << gqa << ", T " << t << ")";
+              ++checked;
+            }
+          }
+  EXPECT_GT(checked, 1000);
+  // And the table has no instance the selector cannot reach.
+  for (const cuda::detail::SplitInstance& i : cuda::detail::kSplitInstances) {
+    bool reached = false;
+    for (int gqa = 1; gqa <= cuda::kMaxGqa && !reached; ++gqa)
+      for (const auto kernel :
+           {cuda::DecodeOptions::Kernel::mma, cuda::DecodeOptions::Kernel::cuda_core})
+        for (const auto rows : {cuda::DecodeOptions::Rows::split, cuda::DecodeOptions::Rows::whole})
+          for (const bool batch : {false, true}) {
+            cuda::DecodeOptions o;
+            o.kernel = kernel;
+            o.rows = rows;
+            auto plan = plan_decode(1, i.head_dim, gqa, 65536, 132, o);
+            plan.batch = batch;
+            for (int t = 0; t <= cuda::kMaxVerify && !reached; ++t) {
+              const SplitChoice c = cuda::detail::select_split_kernel(plan, t);
+              reached = c.kernel == i.kernel && c.rows == i.rows;
+            }
+          }
+    EXPECT_TRUE(reached) << cuda::detail::split_kernel_name(i.kernel) << " D " << i.head_dim
+                         << " rows " << i.rows << " is compiled but never chosen";
   }
 }
 
@@ -317,13 +369,14 @@ TEST(DecodePlan, PlannerIgnoresTheEnvironment) {
   EXPECT_NO_THROW(plan_decode(1, 128, 16, 131072, 132, cuda::DecodeOptions{}));
 }
 
-// from_environment reads the three variables and refuses anything else, naming the value.
+// from_environment reads the four variables and refuses anything else, naming the value.
 TEST(DecodeOptions, FromTheEnvironment) {
-  const char* vars[] = {"KVLAYER_DECODE_ROWS", "KVLAYER_DECODE_KERNEL", "KVLAYER_SPLIT_BALANCE"};
+  const char* vars[] = {"KVLAYER_DECODE_ROWS", "KVLAYER_DECODE_KERNEL", "KVLAYER_SPLIT_BALANCE",
+                        "KVLAYER_BATCH_WAVES"};
   struct Restore {
     const char* const* vars;
     ~Restore() {
-      for (int i = 0; i < 3; ++i) ::unsetenv(vars[i]);
+      for (int i = 0; i < 4; ++i) ::unsetenv(vars[i]);
     }
   } restore{vars};
   for (const char* v : vars) ::unsetenv(v);
@@ -331,10 +384,12 @@ TEST(DecodeOptions, FromTheEnvironment) {
   ::setenv("KVLAYER_DECODE_ROWS", "whole", 1);
   ::setenv("KVLAYER_DECODE_KERNEL", "cuda_core", 1);
   ::setenv("KVLAYER_SPLIT_BALANCE", "17", 1);
+  ::setenv("KVLAYER_BATCH_WAVES", "9", 1);
   const auto o = cuda::DecodeOptions::from_environment();
   EXPECT_EQ(o.rows, cuda::DecodeOptions::Rows::whole);
   EXPECT_EQ(o.kernel, cuda::DecodeOptions::Kernel::cuda_core);
   EXPECT_EQ(o.split_balance, 17);
+  EXPECT_EQ(o.batch_waves, 9);
   EXPECT_EQ(o.max_verify_splits, 0);
   const auto expect_refused = [](const char* var, const char* value, const std::string& message) {
     const std::string old = std::getenv(var) ? std::getenv(var) : "";
@@ -358,6 +413,66 @@ TEST(DecodeOptions, FromTheEnvironment) {
     expect_refused(
         "KVLAYER_SPLIT_BALANCE", bad,
         std::string("DecodeOptions: KVLAYER_SPLIT_BALANCE=") + bad + " is outside [0, 64]");
+  for (const char* bad : {"0", "65", "4x", ""})
+    expect_refused(
+        "KVLAYER_BATCH_WAVES", bad,
+        std::string("DecodeOptions: KVLAYER_BATCH_WAVES=") + bad + " is outside [1, 64]");
+}
+
+// A batch decode's grid: batch_waves resident waves of split blocks per KV head, plus one per
+// position; each position's bound takes the shape of the splits the schedule gives it.
+TEST(DecodePlan, BatchScheduleItemsAndShape) {
+  for (const int waves : {1, 4, 64}) {
+    cuda::DecodeOptions o;
+    o.batch_waves = waves;
+    const auto p = plan_decode(8, 128, 8, 131072, 132, o);
+    // One wave: the resident split blocks of the device, shared by the KV heads.
+    const int resident = cuda::detail::decode_mma_blocks_per_sm(128, 8) * 132;
+    EXPECT_EQ(p.batch_items, waves * resident / 8) << waves;
+    EXPECT_EQ(cuda::detail::batch_items(p, 1), p.batch_items) << waves;
+    EXPECT_GE(cuda::detail::batch_max_items(p, 32), p.batch_items + 32) << waves;
+  }
+  // The host twin of the device's schedule: one long view alone is cut as one layer's decode
+  // is; views of any lengths are cut by one length (at least 2·⌊√Σ⌋ keys), at most the
+  // plan's per view, covering every key; an empty view accumulates nothing.
+  const auto p = plan_decode(8, 128, 8, 131072, 132, cuda::DecodeOptions{});
+  const std::int64_t one[] = {131072};
+  const AccumulationShape alone = cuda::detail::batch_shapes(p, 1, one).at(0);
+  EXPECT_EQ(alone.max_keys_per_split, cuda::detail::accumulation_shape(p).max_keys_per_split);
+  EXPECT_EQ(alone.n_splits, p.n_splits);
+  const std::vector<std::int64_t> keys = {0, 300, 4096, 4096, 131072, 65};
+  const auto shapes = cuda::detail::batch_shapes(p, 1, keys);
+  ASSERT_EQ(shapes.size(), keys.size());
+  std::int64_t total = 0, items = 0;
+  for (const std::int64_t n : keys) total += n;
+  for (std::size_t j = 1; j < keys.size(); ++j) {
+    const AccumulationShape& s = shapes[j];
+    EXPECT_GE(s.max_keys_per_split * s.n_splits, keys[j]) << j;
+    EXPECT_LT(s.max_keys_per_split * (s.n_splits - 1), keys[j]) << j;
+    EXPECT_EQ(s.max_keys_per_split % cuda::detail::kDecodeMmaTileKeys, 0) << j;
+    EXPECT_LE(s.n_splits, p.n_splits) << j;
+    EXPECT_EQ(s.pv_mma_steps, s.max_keys_per_split / cuda::detail::kDecodeMmaTileKeys) << j;
+    const std::int64_t floor = 2 * std::int64_t(std::sqrt(double(total)));  // balance 2
+    EXPECT_LE(s.n_splits, (keys[j] + floor - 1) / floor) << j;
+    items += s.n_splits;
+  }
+  EXPECT_EQ(shapes[2].max_keys_per_split, shapes[3].max_keys_per_split);
+  EXPECT_GT(shapes[4].n_splits, shapes[2].n_splits);
+  EXPECT_LE(items, cuda::detail::batch_max_items(p, int(keys.size())));
+  EXPECT_EQ(shapes[0].max_keys_per_split, cuda::detail::accumulation_shape(p).max_keys_per_split);
+  // A verify of T = 4 (the union of its rows' views): the verify kernel's splits, at most the
+  // plan's verify splits per view, its tiles and steps.
+  auto v = p;
+  cuda::detail::plan_verify(v, 16, 131072, 132);
+  const auto verify = cuda::detail::batch_shapes(v, 4, keys);
+  const int most = cuda::detail::verify_splits(v, 4);
+  for (std::size_t j = 1; j < keys.size(); ++j) {
+    EXPECT_GE(verify[j].max_keys_per_split * verify[j].n_splits, keys[j]) << j;
+    EXPECT_LE(verify[j].n_splits, most) << j;
+    EXPECT_TRUE(verify[j].tensor_core);
+  }
+  EXPECT_GT(verify[4].n_splits, verify[2].n_splits);
+  EXPECT_LE(cuda::detail::batch_items(v, 4) + 6, cuda::detail::batch_max_items(v, 6));
 }
 
 // The split balance and the verify split cap lengthen splits as asked: balance 64 runs a view of
@@ -395,6 +510,11 @@ TEST(DecodePlan, OptionsReachLongAndShortSplits) {
   cuda::DecodeOptions bad;
   bad.split_balance = 65;
   refused(bad, "plan_decode: split_balance 65 is outside [0, 64]");
+  bad = {};
+  bad.batch_waves = 0;
+  refused(bad, "plan_decode: batch_waves 0 is outside [1, 64]");
+  bad.batch_waves = 65;
+  refused(bad, "plan_decode: batch_waves 65 is outside [1, 64]");
   bad = {};
   bad.max_verify_splits = -1;
   refused(bad, "plan_decode: max_verify_splits -1 is outside [0, 1024] (0: no cap)");

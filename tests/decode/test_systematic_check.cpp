@@ -161,6 +161,43 @@ TEST(SystematicCheck, TheEnvelopeCountsRatiosAndItsResolution) {
   EXPECT_DOUBLE_EQ(c.max_envelope_ratio(), 3.0);
 }
 
+/// The energy: the mean of (r/envelope)² over a launch, and the relative error β along õ that
+/// raises it to 4× (both signs: the one that first lowers it, the worse, is reported); a
+/// planted β below every element's envelope still lifts it far above its clean level.
+TEST(SystematicCheck, TheEnergyAveragesTheLaunchAndItsResolutionQuadruplesIt) {
+  Rng rng(fresh_seed());
+  SystematicCheck c;
+  std::vector<double> o(256), d(256), env(256);
+  for (std::size_t e = 0; e < o.size(); ++e) {
+    o[e] = rng.uniform() * 2 - 1;
+    env[e] = std::ldexp(std::fabs(o[e]) + 0x1p-10, -12);
+    d[e] = env[e] * (rng.uniform() - 0.5) / 4;  // clean: an eighth of an envelope at most
+  }
+  const auto energy_at = [&](double beta) {
+    double sum = 0;
+    for (std::size_t e = 0; e < o.size(); ++e) sum += std::pow((d[e] + beta * o[e]) / env[e], 2);
+    return sum / double(o.size());
+  };
+  for (std::size_t e = 0; e < o.size(); ++e) {
+    DecodeBound b{{1.0}, {0.0}, {1.0}, {o[e]}, {1.0}};
+    b.envelope = {env[e]};
+    c.record(o[e] + d[e], o[e], b, 0);
+  }
+  EXPECT_NEAR(c.current_energy(), energy_at(0), 1e-12 * energy_at(0));
+  EXPECT_LT(c.current_energy(), 1.0 / 64);
+  const double beta = c.current_energy_resolution();
+  ASSERT_TRUE(std::isfinite(beta) && beta > 0);
+  const double worse = std::min(energy_at(beta), energy_at(-beta));
+  EXPECT_NEAR(worse, 4 * energy_at(0), 1e-9 * energy_at(0));
+  EXPECT_GE(std::max(energy_at(beta), energy_at(-beta)), 4 * energy_at(0));
+  // Below one envelope per element (2^-12 relative at most), the energy is already 4×.
+  EXPECT_LT(beta, 0x1p-13);
+  c.end_launch();
+  EXPECT_GT(c.energy(0.5), 0.0);
+  EXPECT_LE(c.max_energy(), c.energy(0.5));  // one launch: its energy's bin holds the max
+  EXPECT_NE(c.summary().find("; energy per launch p50 2^"), std::string::npos) << c.summary();
+}
+
 TEST(SystematicCheck, TheSummaryReportsBothResolutions) {
   Rng rng(fresh_seed());
   SystematicCheck c;

@@ -298,15 +298,26 @@ TEST(ReplayFile, MalformedFilesNameTheFieldAndTheProblem) {
        "replay file: commands: expected an array"},
       {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "jump"}])"),
        "replay file: commands[0].op: unknown op 'jump'"},
-      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "append", "n": 2, "seed": 1}])"),
+      {file(geometry, ok_rest + R"(, "decode": {"batch_waves": 0})"),
+       "replay file: decode.batch_waves: 0 is outside [1, 64]"},
+      {file(geometry, ok_rest + R"(, "decode": {"waves": 8})"),
+       "replay file: decode: unknown field 'waves'"},
+      {file(
+           geometry,
+           R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "append", "n": 2, "seed": 1}])"),
        "replay file: commands[0]: missing field 'data'"},
-      {file(geometry, R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "graph_chain", "steps": 5000, "seed": 1, "windowed": false}])"),
+      {file(
+           geometry,
+           R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "graph_chain", "steps": 5000, "seed": 1, "windowed": false}])"),
        "replay file: commands[0].steps: 5000 is outside [0, 4096]"},
-      {file(R"("geometry": {"n_kv_heads": 1, "head_dim_k": 48, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "flat", "max_append": 1, "rewind_slack": 0})",
-            ok_rest),
-       "replay file: geometry: geometry: head_dim_k 48 must be a positive multiple of 32 up to 4096"},
-      {file(R"("geometry": {"n_kv_heads": 1, "head_dim_k": 64, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "circle", "max_append": 1, "rewind_slack": 0})",
-            ok_rest),
+      {file(
+           R"("geometry": {"n_kv_heads": 1, "head_dim_k": 48, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "flat", "max_append": 1, "rewind_slack": 0})",
+           ok_rest),
+       "replay file: geometry: geometry: head_dim_k 48 must be a positive multiple of 32 up to "
+       "4096"},
+      {file(
+           R"("geometry": {"n_kv_heads": 1, "head_dim_k": 64, "head_dim_v": 64, "max_ctx": 100, "window": null, "storage": "circle", "max_append": 1, "rewind_slack": 0})",
+           ok_rest),
        "replay file: geometry.storage: expected \"flat\" or \"ring\", got 'circle'"},
   };
   // The snapshot commands' flag (SPEC §13).

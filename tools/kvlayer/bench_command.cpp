@@ -41,7 +41,8 @@ constexpr std::string_view kUsage =
     "  window, eager (one call; _b2b: 20 back to back) and graph-replayed; verify decode (SPEC "
     "§11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
     "  4x256 gqa 8 at 4K, 16K and 128K keys and with a 4096-key window, graph-replayed;\n"
-    "  batch decode (SPEC §12, one launch for B sequences, see --no-batch);\n"
+    "  batch decode (SPEC §12, one launch for B sequences, see --no-batch) and batch verify\n"
+    "  (T = 4 per sequence);\n"
     "  append of 1 row and of a 4096-row chunk; a graph-replayed decode step against\n"
     "  the same step launched eagerly. Reports medians (CUDA events) in µs, bytes moved, GB/s\n"
     "  and % of the measured ceiling. L2 is kept cold by rotating among enough copies.\n"
@@ -59,7 +60,8 @@ constexpr std::string_view kUsage =
     "  --no-verify   no verify rows\n"
     "  --no-batch    no batch rows (KvBatch decode of B = 8, 32, 128 sequences of 8x128 gqa 8,\n"
     "                every sequence at 4K keys, or at lengths log-uniform from 256 to 32K; B = 8\n"
-    "                at 128K keys; eager and graph-replayed)\n"
+    "                at 128K keys; and batch verifies of T = 4 at B = 8, 32 of the first two;\n"
+    "                eager and graph-replayed)\n"
     "  --batch-only  the ceiling and the batch rows alone (for tools/batch_peers.py's run)\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
@@ -256,11 +258,11 @@ struct Bench {
     }
   }
 
-  /// Batch decodes (KvBatch::decode_rows_dc, T = 1) of 8x128 gqa 8 sequences of the given
-  /// lengths, every sequence active, one launch per call; eager and graph-replayed (20 calls per
-  /// replay, rotating copies of the batch when one copy's bytes do not exceed 4× the L2).
-  /// bytes: every sequence's view once, plus q and out.
-  void batch(const std::string& label, const std::vector<std::int64_t>& lens) {
+  /// Batch decodes (KvBatch::decode_rows_dc, T = 1), or batch verifies of t queries, of 8x128
+  /// gqa 8 sequences of the given lengths, every sequence active, one launch per call; eager and
+  /// graph-replayed (20 calls per replay, rotating copies of the batch when one copy's bytes do
+  /// not exceed 4× the L2). bytes: every sequence's view once, plus q and out.
+  void batch(const std::string& label, const std::vector<std::int64_t>& lens, int t = 1) {
     Geometry g;
     g.n_kv_heads = 8;
     g.head_dim_k = g.head_dim_v = 128;
@@ -269,7 +271,7 @@ struct Bench {
     std::int64_t keys = 0;
     for (const std::int64_t l : lens) keys += l;
     const double kv_bytes = double(keys) * double(g.k_tok_bytes() + g.v_tok_bytes());
-    const double bytes = kv_bytes + 2.0 * B * nq * 128 * 4;
+    const double bytes = kv_bytes + 2.0 * B * t * nq * 128 * 4;
     const int copies = int(std::clamp(std::ceil(4.0 * double(l2_bytes) / kv_bytes), 1.0, 8.0));
     DeviceBuffer k(std::size_t(kFillChunk * g.kv_dim_k()) * 4),
         v(std::size_t(kFillChunk * g.kv_dim_v()) * 4);
@@ -284,14 +286,18 @@ struct Bench {
       }
       batches.back()->set_active(all);
     }
-    DeviceBuffer q(std::size_t(B) * nq * 128 * 4), out(q.bytes());
-    KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), std::size_t(B) * nq * 128, 97, s()));
+    DeviceBuffer q(std::size_t(B) * std::size_t(t) * nq * 128 * 4), out(q.bytes());
+    KVLAYER_CUDA_TRY(
+        launch_fill_random(q.as<float>(), std::size_t(B) * std::size_t(t) * nq * 128, 97, s()));
     KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
     const auto call = [&](int i) {
-      batches[std::size_t(i) % batches.size()]->decode_rows_dc(q.as<float>(), out.as<float>(), 1);
+      batches[std::size_t(i) % batches.size()]->decode_rows_dc(q.as<float>(), out.as<float>(), t);
     };
+    // Verify rows are named apart: tools/batch_peers.py and bench-peers stand T = 1 decodes
+    // beside the batch peers.
+    const std::string name = t > 1 ? "batch_verify_dc" : "batch_dc";
     for (const bool graph : {false, true}) {
-      Row r{graph ? "batch_dc_graph" : "batch_dc",
+      Row r{graph ? name + "_graph" : name,
             "8x128 gqa 8 B " + std::to_string(B) + " " + label,
             8,
             128,
@@ -302,6 +308,7 @@ struct Bench {
             bytes};
       r.batch = B;
       r.batch_case = label;
+      r.queries = t > 1 ? t : 0;
       rows.push_back(r);
     }
     for (int i = 0; i < B; ++i)
@@ -522,6 +529,10 @@ int run_bench(const std::vector<std::string>& args) {
       for (const int bs : quick ? std::vector<int>{8} : std::vector<int>{8, 32, 128})
         b.batch(which, batch_lengths(which, bs));
     if (!quick) b.batch("128k", batch_lengths("128k", 8));
+    // Batch verifies (speculative decoding over a batch): T = 4 drafts per sequence.
+    for (const char* which : {"4k", "log"})
+      for (const int bs : quick ? std::vector<int>{8} : std::vector<int>{8, 32})
+        b.batch(which, batch_lengths(which, bs), 4);
   }
   for (const G& g : batch_only ? std::vector<G>{} : geoms) {
     for (std::int64_t keys : lengths) b.decode(g.n_kv, g.hd, g.gqa, keys, 0);

@@ -203,6 +203,19 @@ double launch_z(const std::vector<double>& got, const ref::DecodeBound& b) {
                   std::fabs(c.current_z(ref::SystematicCheck::constant)));
 }
 
+/// The launch's energy, mean((x − õ)² / envelope²) over the elements with an envelope
+/// (ref::SystematicCheck's, report only).
+double launch_energy(const std::vector<double>& x, const ref::DecodeBound& b) {
+  double sum = 0;
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < x.size(); ++i)
+    if (b.envelope[i] > 0) {
+      sum += std::pow((x[i] - b.rounded[i]) / b.envelope[i], 2);
+      ++n;
+    }
+  return n ? sum / double(n) : 0.0;
+}
+
 /// The largest |x − õ| / envelope over the output (DecodeBound::envelope, report only).
 double envelope_ratio(const std::vector<double>& x, const ref::DecodeBound& b) {
   double worst = 0;
@@ -248,11 +261,12 @@ int run(const std::vector<std::string>& args) {
   if (gpu)
     std::printf(
         "GPU mode: each plant's effect is added to the CUDA layer's own decode of the same rows\n"
-        "(its real rounding); a cell reads bound/env/z10/z12: the smallest 2^-k that leaves the\n"
-        "bound / that reaches 8 envelopes (DecodeBound::envelope) / the launch's |z| in the\n"
-        "statistical check with the plant at 2^-10 / at 2^-12 (envelope and statistic: report\n"
-        "only, nothing fails on them, systematic_check.hpp); drop cells read |error|/bound, |z|;\n"
-        "the no-plant cell |error|/bound, |z|, |error|/envelope (the clean ratio)\n\n");
+        "(its real rounding); a cell reads bound/env/E10/E12: the smallest 2^-k that leaves the\n"
+        "bound / that reaches 8 envelopes (DecodeBound::envelope) / the launch's energy,\n"
+        "mean((x - o~)^2 / envelope^2), with the plant at 2^-10 / at 2^-12 in units of the GPU's\n"
+        "clean energy (>= 4: the RMS doubled; envelope and energy: report only, nothing fails on\n"
+        "them, systematic_check.hpp); drop cells read |error|/bound, |z|; the no-plant cell\n"
+        "|error|/bound, |z|, |error|/envelope (the clean ratio), the clean energy\n\n");
   std::printf("%-4s %-7s %-7s", "D", "keys", "data");
   for (Plant p : kPlants) std::printf(" %26s", plant_name(p));
   std::printf(" %16s %16s %16s  %s\n", "drop first", "drop last", "no plant", "self-check");
@@ -340,9 +354,13 @@ int run(const std::vector<std::string>& args) {
         for (std::size_t i = 0; i < clean.size(); ++i)
           self = std::max(self, std::fabs(clean[i] - b.rounded[i]) / b.bound[i]);
         std::printf("%-4d %-7lld %-7s", D, (long long)keys, data_name(data));
+        const double clean_energy =
+            gpu ? launch_energy(std::vector<double>(got.begin(), got.end()), b) : 1.0;
         for (const Plant plant : kPlants) {
           int caught = 0, enveloped = 0;  // the bound's, the envelope's at 8 envelopes
-          double z10 = 0, z12 = 0;  // GPU mode: the launch's |z| with the plant at 2^-10, 2^-12
+          // GPU mode: the launch's energy with the plant at 2^-10, 2^-12, in units of its own
+          // (the GPU's clean) energy.
+          double e10 = 0, e12 = 0;
           for (int e = kLastExponent;
                e >= kFirstExponent && (caught == 0 || enveloped == 0 || (gpu && e >= 10)); --e) {
             const double eps = std::ldexp(1.0, -e);
@@ -371,12 +389,12 @@ int run(const std::vector<std::string>& args) {
             const std::vector<double> seen = on_gpu(got, planted, clean);
             if (caught == 0 && worst_ratio(seen, clean_ref, b) > 1) caught = e;
             if (enveloped == 0 && envelope_ratio(seen, b) >= level) enveloped = e;
-            if (e == 10) z10 = launch_z(seen, b);
-            if (e == 12) z12 = launch_z(seen, b);
+            if (e == 10) e10 = launch_energy(seen, b) / clean_energy;
+            if (e == 12) e12 = launch_energy(seen, b) / clean_energy;
           }
           const auto cell = [](int k) { return k ? "2^-" + std::to_string(k) : std::string("-"); };
           char zs[64];
-          std::snprintf(zs, sizeof zs, "/%.3g/%.3g", z10, z12);
+          std::snprintf(zs, sizeof zs, "/%.3g/%.3g", e10, e12);
           const std::string both = cell(caught) + "/" + cell(enveloped);
           std::printf(" %26s", gpu ? (both + zs).c_str() : both.c_str());
         }
@@ -398,8 +416,8 @@ int run(const std::vector<std::string>& args) {
         }
         if (gpu) {
           const std::vector<double> seen(got.begin(), got.end());
-          std::printf(" %9.3g,%6.3g,%6.3g", worst_ratio(seen, clean_ref, b), launch_z(seen, b),
-                      envelope_ratio(seen, b));
+          std::printf(" %9.3g,%6.3g,%6.3g,%8.3g", worst_ratio(seen, clean_ref, b),
+                      launch_z(seen, b), envelope_ratio(seen, b), clean_energy);
         } else {
           std::printf(" %16.3g", worst_ratio(clean, clean_ref, b));
         }
@@ -435,8 +453,8 @@ const Command& sensitivity_command() {
       "  positions instead (each row its own causal view, planted alike, one bound per row).\n"
       "  --gpu (CUDA builds): the same rows also in a CUDA layer; each plant's effect is added\n"
       "  to its decode (the GPU's own rounding stays in), the bound is the launch's, and each\n"
-      "  cell also gives the statistical check's |z| (systematic_check.hpp) with the plant at\n"
-      "  2^-10 and at 2^-12.\n"
+      "  cell also gives the launch's energy (systematic_check.hpp) with the plant at 2^-10 and\n"
+      "  at 2^-12, in units of its clean energy.\n"
       "  --head-dim D: that head dim only (default: every supported one).\n"
       "  Defaults: N 131072, S 1.\n",
       run};

@@ -9,8 +9,10 @@ __global__ void stream_read_kernel(const uint4* __restrict__ data, std::size_t n
   std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   // Four independent loads in flight per iteration.
   for (; i + 3 * stride < n; i += 4 * stride) {
-    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride], d = data[i + 3 * stride];
-    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride],
+                d = data[i + 3 * stride];
+    acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+           d.w;
   }
   for (; i < n; i += stride) {
     const uint4 a = data[i];

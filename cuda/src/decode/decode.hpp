@@ -7,12 +7,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "../batch_slots.hpp"
 #include "../device_status.cuh"
+#include "batch_schedule.hpp"
 #include "kvlayer/cuda/decode_options.hpp"
 #include "kvlayer/cuda/limits.hpp"
 #include "partition.hpp"
+#include "split_instances.hpp"
 
 namespace kvlayer {
 struct AccumulationShape;
@@ -27,17 +31,12 @@ enum class DecodeKernel {
   mma,        ///< mma.sync m16n8k16 f16 × f16 → f32 on tensor cores (the default)
 };
 
-/// Every split kernel of the decode (all write the same partials; one merge, merge.cu).
-enum class SplitKernel {
-  cuda_core,   ///< decode_cuda_core.cu: decodes of a cuda_core plan
-  mma_direct,  ///< decode_mma_direct.cu: register-direct loads; head dim 128 (8 or 16 rows)
-  /// decode_mma_direct.cu's bulk instance: head dim 256 by 8 rows, the same arithmetic, its
-  /// tiles brought by the copy engine (tensor-map boxes) into a per-warp shared-memory ring
-  mma_bulk,
-  mma_staged,  ///< decode_mma.cu: cp.async stages per warp; head dim 64, 256 by 16 rows
-  mma_verify,  ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dims 128, 256
-  mma_verify_staged,  ///< decode_mma.cu: verify decodes of T ≥ 2, head dim 64
-};
+/// The partition granule of a kernel's splits (decode_keys_per_split's tile): the split kernel
+/// cuts its view by it, and the launch hands the same value to the merge and to a batch's
+/// schedule (split_grid), so that they cannot cut a view differently.
+__host__ __device__ constexpr int split_granule(SplitKernel kernel, int head_dim) {
+  return kernel == SplitKernel::cuda_core ? decode_tile_keys(head_dim) : kDecodeMmaTileKeys;
+}
 
 struct DecodePlan;
 
@@ -72,6 +71,11 @@ struct DecodePlan {
   /// A batch's plan (SPEC §12): select_split_kernel gives head dim 256 by 8 rows to the staged
   /// kernel, whose sequences' planes need no per-plane tensor map.
   bool batch = false;
+  /// Batch launches: the resident waves of split blocks a launch's schedule aims at
+  /// (DecodeOptions::batch_waves; batch_items), and for a decode (T = 1) the items (blocks per
+  /// KV head) they make.
+  int batch_waves = 0;
+  std::int64_t batch_items = 0;
   /// Verify decodes take at most this many splits (DecodeOptions::max_verify_splits; 0: no cap).
   int max_verify_splits = 0;
   /// gqa > 8: the query rows of a KV head run in two blocks of ≤ 8 rows (row_chunks) instead of
@@ -103,7 +107,7 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 
 /// Makes `plan` serve verify decodes of 1..max_verify queries (SPEC §11) whose views span up to
 /// verify_max_view_keys keys, and grows its scratch to fit the largest. Verify decodes run on
-/// the tensor-core split kernel (decode_mma.cu) whatever plan.kernel says. Throws
+/// the tensor-core split kernel (decode_mma_staged.cu) whatever plan.kernel says. Throws
 /// kvlayer::Error (refused) for max_verify outside [1, kMaxVerify] or a view outside
 /// [1, 2^31 − 1].
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
@@ -118,6 +122,23 @@ int verify_splits(const DecodePlan& plan, int T);
 
 /// The accumulation shape of a verify decode of T queries (each output row's bound, SPEC §11).
 kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T);
+
+/// The items (split blocks per KV head and row block) a batch launch's schedule aims at: the
+/// plan's batch_waves resident waves of the kernel a decode (T ≤ 1) or a verify of T queries
+/// runs.
+std::int64_t batch_items(const DecodePlan& plan, int T);
+
+/// Split blocks per KV head and row block a batch launch's grid holds at the most, over every
+/// T the plan serves: the schedule's aim plus one per position (each active view rounds its
+/// last split up).
+std::int64_t batch_max_items(const DecodePlan& plan, int max_batch);
+
+/// The accumulation shapes of a batch launch of T queries (T ≤ 1: a decode) whose active views
+/// hold view_keys keys (list order; a verify's the union of its rows' views; 0 for an empty
+/// view or one in error): the host twin of plan_batch_splits, so that each position's bound
+/// has its own splits' shape.
+std::vector<kvlayer::AccumulationShape> batch_shapes(const DecodePlan& plan, int T,
+                                                     std::span<const std::int64_t> view_keys);
 
 /// How a launch partitions its view along the keys: the grid's splits, the partition granule
 /// (decode_keys_per_split's tile) and balance. launch_decode passes these to the split kernel
@@ -166,7 +187,7 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks);
 
 /// The same for decode_mma_verify.cu's kernel for head_dim (128, 256) and `rows` query rows
-/// per block (select_split_kernel's); plan_verify sizes its grid for kVerifyBlocksPerSm.
+/// per block (select_split_kernel's); plan_verify sizes its grid for its kSplitInstances entry.
 cudaError_t mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
 
 /// One decode launch.
@@ -195,6 +216,9 @@ struct DecodeArgs {
   BatchList batch{};
   int max_batch = 0;
   bool windowed = false;  ///< a batch's views: _dcw (len_d and base_d); else _dc (len_d, base 0)
+  /// A batch launch's schedule buffers (batch_max_items(plan, max_batch) items); null: the
+  /// launch is positional (one grid slice per position).
+  BatchSchedule schedule{};
 };
 
 /// Scratch bytes of one position of a batch launch: plan.scratch_bytes rounded up to 256, so

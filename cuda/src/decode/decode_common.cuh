@@ -1,4 +1,4 @@
-// What the split kernels (decode_cuda_core.cu, decode_mma.cu, decode_mma_direct.cu,
+// What the split kernels (decode_cuda_core.cu, decode_mma_staged.cu, decode_mma_direct.cu,
 // decode_mma_verify.cu), the merge (merge.cu) and the launch (launch.cu) share, one concept per
 // header, so that every kernel obeys one definition.
 #pragma once

@@ -72,8 +72,9 @@ __device__ __forceinline__ float round_to_f16(float x) {
 /// One block per (split, KV head): online softmax over the split's keys for all gqa query
 /// heads; writes the unnormalised partial (o, m, l).
 template <int D, int GMAX, bool kBatch>
-__global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::cuda_core, D, GMAX))
     decode_split_kernel(const SplitParams p) {
+  static_assert(split_instance_built(SplitKernel::cuda_core, D, GMAX));
   using S = Shape<D>;
   constexpr int NB = S::kBlocks;
   constexpr int T = S::kTile;
@@ -92,7 +93,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
   const int tid = threadIdx.x;
   const int G = p.gqa;
 
-  const SplitRange range = begin_split<kBatch>(p, D, T, MutantSite::decode_cuda_core);
+  const SplitRange range = begin_split<kBatch>(p, D, split_granule(SplitKernel::cuda_core, D),
+                                               MutantSite::decode_cuda_core);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const int kv = range.kv;
   const long long lo = range.lo, hi = range.hi;
@@ -133,11 +135,10 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
 
   // Running softmax state of the heads this warp owns in phase B (identical in all lanes).
   const int warp = tid / 32, lane = tid % 32;
-  float m_run[GW], l_run[GW];
+  SoftmaxState<GW> state;
 #pragma unroll
   for (int k = 0; k < GW; ++k) {
-    m_run[k] = kNegSentinel;
-    l_run[k] = 0.0f;
+    state.reset(k);
   }
   // Phase C ownership: columns col0 + c·128, query heads hg + kHeadGroups·k.
   const int col0 = tid % S::kColThreads;
@@ -228,8 +229,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
         float top = kNegSentinel;
         for (int t = lane; t < valid; t += 32) top = fmaxf(top, s_s[g][t]);
         top = warp_max(top);
-        const float m_new = fmaxf(m_run[k], top);
-        const float alpha = softmax_rescale(m_run[k], m_new);
+        const float m_new = state.max_with(k, top);
+        const float alpha = state.rescale_to(k, m_new);
         float sum = 0.0f;
         for (int t = lane; t < T; t += 32) {
           float pt = 0.0f;
@@ -240,8 +241,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
           p_s[t][g] = round_to_f16(pt);
         }
         sum = warp_sum(sum);
-        l_run[k] = l_run[k] * alpha + sum;
-        m_run[k] = m_new;
+        state.advance(k, m_new, alpha, sum);
         if (lane == 0) alpha_s[g] = alpha;
       }
     }
@@ -294,8 +294,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeBlocksPerSm)
     for (int k = 0; k < GW; ++k) {
       const int g = warp + kWarps * k;
       if (g < G) {
-        range.m[g] = m_run[k];
-        range.l[g] = l_run[k];
+        range.m[g] = state.m[k];
+        range.l[g] = state.l[k];
       }
     }
   }

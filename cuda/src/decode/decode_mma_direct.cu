@@ -3,12 +3,13 @@
 // and V operand), and for head dim 256 by 8 rows with bulk loads (two 128-dim slices, each read
 // and converted as head dim 128's; SplitKernel::mma_bulk). A block takes rows [row0, row0 +
 // nrows) of its KV head: all of them, or one of the row blocks a plan splits gqa > 8 into
-// (plan.cpp, row_chunks). Same contract as decode_mma.cu (grid, partition of the live view in
-// 64-key granules, partial format, device-mode checks, merge kernel) and the same rounding
+// (plan.cpp, row_chunks). Same contract as decode_mma_staged.cu (grid, partition of the live view
+// in 64-key granules, partial format, device-mode checks, merge kernel) and the same rounding
 // points, point for point (kvlayer/accuracy.hpp (1)–(5)):
 //  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh f32
 //      accumulator, × f32(d), blocks summed in block order: block 0 by __fmul_rn, each later
-//      block by fmaf(c, d, s) (one rounding where decode_mma.cu has two), × scale (__fmul_rn).
+//      block by fmaf(c, d, s) (one rounding where decode_mma_staged.cu has two), × scale
+//      (__fmul_rn).
 //  (2) online softmax in f32, one max update per 16-key warp tile, IEEE exp2f, finite sentinel.
 //  (3) p rounded to fp16 for PV; V = d·q + m by one HFMA2 (exact value rounded once to fp16), or
 //      the exact f32 value on the CUDA cores for a tile holding a block beyond fp16's range; row
@@ -16,7 +17,7 @@
 //  (4) the block merges its 4 warps in f32, warps in order.
 //
 // ---- Why a second tensor-core kernel --------------------------------------------------------
-// decode_mma.cu stages tiles through shared memory with per-lane cp.async and runs ~62 warp
+// decode_mma_staged.cu stages tiles through shared memory with per-lane cp.async and runs ~62 warp
 // instructions per (key, KV head) against a budget of ~54 at the bandwidth floor
 // (bench/NOTES.md). This kernel removes the staging and cuts the dequantization work:
 //  - Keys are the mma's M rows: S^T[16 keys × 8 heads] = K·q̃^T, so gqa 8 fills the mma with no
@@ -192,8 +193,12 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
 /// copy engine instead of straight into registers. kBatch: the blocks of a batch launch
 /// (begin_split); the tensor maps are then unused (a batch's planes are many).
 template <int kD, int kNT, bool kBulk, bool kBatch>
-__global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT))
+__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk
+                                                                      : SplitKernel::mma_direct,
+                                                                kD, 8 * kNT))
     decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
+  static_assert(
+      split_instance_built(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, kD, 8 * kNT));
   constexpr int kSlices = kD / kSliceDims;
   constexpr int kBlocks = kD / 32;
   constexpr int kHeads = 8 * kNT;  // query heads of the block (≥ gqa; the rest are zero rows)
@@ -215,8 +220,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   static_assert(!kBulk || sizeof(OStage) <= Ring::kBytes);
   OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
 
-  const SplitRange range =
-      begin_split<kBatch>(p, kD, kDecodeMmaTileKeys, MutantSite::decode_mma_direct);
+  const SplitRange range = begin_split<kBatch>(p, kD, split_granule(SplitKernel::mma_direct, kD),
+                                               MutantSite::decode_mma_direct);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
   const int kv = range.kv;
@@ -254,13 +259,11 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
     if (lane == 0) mbarrier_arrive_expect_tx(bar, Ring::kTx);
     __syncwarp();
     if (lane < 16)
-      bulk_copy_to_shared(stage + row * Ring::kKBytes,
-                          range.k_head + phys * p.k_tok_bytes,
+      bulk_copy_to_shared(stage + row * Ring::kKBytes, range.k_head + phys * p.k_tok_bytes,
                           Ring::kKBytes, bar);
     else
       bulk_copy_to_shared(stage + kWK * Ring::kKBytes + row * Ring::kVBytes,
-                          range.v_head + phys * p.v_tok_bytes,
-                          Ring::kVBytes, bar);
+                          range.v_head + phys * p.v_tok_bytes, Ring::kVBytes, bar);
   };
   if constexpr (kBulk) {
     const int n_wt_b = static_cast<int>((hi_b - lo_b + kWK - 1) / kWK);
@@ -305,6 +308,26 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
 
   const std::uint8_t* k_head = range.k_head;
   const std::uint8_t* v_head = range.v_head + kQ5_1BlockBytes * (g >> 1);
+  // A batch block's planes come from memory, not from the kernel's parameters, so they would
+  // hold four registers through the key loop, where the 8-row instance sits at its register cap
+  // and spills: its loop re-reads them from shared memory instead (planes()).
+  __shared__ const std::uint8_t* planes_s[2];
+  if constexpr (kBatch) {
+    if (tid == 0) {
+      planes_s[0] = k_head;
+      planes_s[1] = range.v_head;
+    }
+    __syncthreads();
+  }
+  const auto planes = [&](const std::uint8_t*& k, const std::uint8_t*& v) {
+    k = k_head;
+    v = v_head;
+    if constexpr (kBatch) {
+      k = *static_cast<const std::uint8_t* const volatile*>(&planes_s[0]);
+      v = *static_cast<const std::uint8_t* const volatile*>(&planes_s[1]) +
+          kQ5_1BlockBytes * (g >> 1);
+    }
+  };
   const long long lo = range.lo, hi = range.hi;
   const long long n_keys = hi - lo;
   const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);
@@ -328,8 +351,10 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
     const long long row0 = key0 - range.base;
     // NOTE: the empty asm keeps the tile bases opaque, so that each row address is one 64-bit
     // add of a 32-bit offset (ptxas otherwise re-forms row0·tok + offset per row).
-    std::uintptr_t k_tile = reinterpret_cast<std::uintptr_t>(k_head + row0 * p.k_tok_bytes);
-    std::uintptr_t v_tile = reinterpret_cast<std::uintptr_t>(v_head + row0 * p.v_tok_bytes);
+    const std::uint8_t *k_plane, *v_plane;
+    planes(k_plane, v_plane);
+    std::uintptr_t k_tile = reinterpret_cast<std::uintptr_t>(k_plane + row0 * p.k_tok_bytes);
+    std::uintptr_t v_tile = reinterpret_cast<std::uintptr_t>(v_plane + row0 * p.v_tok_bytes);
     asm("" : "+l"(k_tile), "+l"(v_tile));
     unsigned ko[2] = {k_off[0], k_off[1]};
     unsigned vo[4] = {v_off[0], v_off[1], v_off[2], v_off[3]};
@@ -400,30 +425,23 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
       }
   };
 
-  // Per-warp state of n-tile n: heads 8n + 2t, 8n + 2t + 1 (m identical across the lane groups;
-  // l per lane).
-  float m_run[kNT][2], l_run[kNT][2];
+  // Per-warp softmax, row 2n + hh: head 8n + 2t + hh of n-tile n (m identical across the lane
+  // groups; l per lane).
+  SoftmaxState<2 * kNT> state;
   // PV m-tile mt = 8c + i: (dim 128c + v_dim(i, g, 0), heads 2t, 2t+1), (128c + v_dim(i, g, 1), …)
   float o[kNT][kMTiles][4];
 #pragma unroll
   for (int n = 0; n < kNT; ++n) {
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      m_run[n][hh] = kNegSentinel;
-      l_run[n][hh] = 0.0f;
-    }
+    for (int hh = 0; hh < 2; ++hh) state.reset(2 * n + hh);
 #pragma unroll
     for (int i = 0; i < kMTiles; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][i][e] = 0.0f;
   }
 
-  auto compute_tile = [&](const TileRegs<kSlices>& r, int i) {
-    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
-    const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
-
-    // ---- QK: s[n][e] for key g + 8·(e / 2), head 8n + 2t + e % 2, blocks in order. ----
-    float s[kNT][4];
+  // ---- Scores: s[n][e] for key g + 8·(e / 2), head 8n + 2t + e % 2, blocks in order. ----
+  auto compute_scores = [&](const TileRegs<kSlices>& r, float(&s)[kNT][4]) {
 #pragma unroll
     for (int c = 0; c < kSlices; ++c) {
       unsigned dpk[2][2];  // d of blocks (0, 1), (2, 3) of the slice, keys g, g + 8, from t = 0
@@ -474,10 +492,12 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = score_scaled(s[n][e], p.scale);
+  };
 
-    // ---- Online softmax per head over the tile's valid keys. ----
+  // ---- Online softmax per head over the tile's valid keys: the weights pr in s's layout, the
+  // accumulators rescaled when a max moved. ----
+  auto update_softmax = [&](const float(&s)[kNT][4], int valid, int i, float(&pr)[kNT][4]) {
     const bool valid0 = g < valid, valid1 = g + 8 < valid;
-    float pr[kNT][4];
     float alpha[kNT][2];
     bool rescale = false;
 #pragma unroll
@@ -487,68 +507,65 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
         float top = kNegSentinel;
         if (valid0) top = fmaxf(top, s[n][hh]);
         if (valid1) top = fmaxf(top, s[n][2 + hh]);
-        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 4));
-        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 8));
-        top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 16));
-        const float m_new = fmaxf(m_run[n][hh], top);
-        alpha[n][hh] = softmax_rescale(m_run[n][hh], m_new);
+        top = max_over_lane_groups(top);
+        const float m_new = state.max_with(2 * n + hh, top);
+        alpha[n][hh] = state.rescale_to(2 * n + hh, m_new);
         pr[n][hh] = valid0 ? softmax_weight(s[n][hh], m_new) : 0.0f;
         pr[n][2 + hh] = valid1 ? softmax_weight(s[n][2 + hh], m_new) : 0.0f;
-        l_run[n][hh] = l_run[n][hh] * alpha[n][hh] + (pr[n][hh] + pr[n][2 + hh]);
-        m_run[n][hh] = m_new;
+        state.advance(2 * n + hh, m_new, alpha[n][hh], pr[n][hh] + pr[n][2 + hh]);
         rescale = rescale || alpha[n][hh] != 1.0f;
       }
     if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0, MutantSite::decode_mma_direct))
       rescale_pv_accumulators(o, alpha, MutantSite::decode_mma_direct);
+  };
 
-    // ---- PV. A tile with a V block that may leave fp16's range takes the f32 path. ----
-    bool wide = false;
-#pragma unroll
-    for (int c = 0; c < kSlices; ++c)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) wide = wide || v_header_maybe_wide(r.vh[c][j].x);
-    if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma_direct)) {
-      // CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (rare path).
+  // ---- P·V on the CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (the
+  // rare path of a tile holding a V block that may leave fp16's range). ----
+  auto accumulate_pv_f32 = [&](const float(&pr)[kNT][4], long long key0, int valid) {
 #pragma unroll 1
-      for (int k = 0; k < kWK; ++k) {
-        const int src = ((k & 7) << 2) | t;
-        float p0[kNT], p1[kNT];
+    for (int k = 0; k < kWK; ++k) {
+      const int src = ((k & 7) << 2) | t;
+      float p0[kNT], p1[kNT];
 #pragma unroll
-        for (int n = 0; n < kNT; ++n) {
-          p0[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][0] : pr[n][2], src);
-          p1[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][1] : pr[n][3], src);
-        }
-        const int key = k < valid - 1 ? k : valid - 1;
-        const std::uint8_t* row = v_head + (key0 + key - range.base) * p.v_tok_bytes;
+      for (int n = 0; n < kNT; ++n) {
+        p0[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][0] : pr[n][2], src);
+        p1[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][1] : pr[n][3], src);
+      }
+      const int key = k < valid - 1 ? k : valid - 1;
+      const std::uint8_t *k_plane, *v_plane;
+      planes(k_plane, v_plane);
+      const std::uint8_t* row = v_plane + (key0 + key - range.base) * p.v_tok_bytes;
 #pragma unroll
-        for (int c = 0; c < kSlices; ++c) {
-          const std::uint8_t* blk = row + kVSliceBytes * c;
-          const uint2 hdr = load_u2(blk);
-          const uint2 qs = load_u2(blk + 8 + 8 * hv);
-          const float d = q5_1_d(hdr.x), mv = q5_1_m(hdr.x);
-          const unsigned qh = hdr.y >> (8 * hv);
+      for (int c = 0; c < kSlices; ++c) {
+        const std::uint8_t* blk = row + kVSliceBytes * c;
+        const uint2 hdr = load_u2(blk);
+        const uint2 qs = load_u2(blk + 8 + 8 * hv);
+        const float d = q5_1_d(hdr.x), mv = q5_1_m(hdr.x);
+        const unsigned qh = hdr.y >> (8 * hv);
 #pragma unroll
-          for (int m = 0; m < 8; ++m) {
-            const unsigned byte = ((m < 4 ? qs.x : qs.y) >> (8 * (m & 3))) & 0xffu;
-            const unsigned q_lo = (byte & 0xfu) | (((qh >> m) & 1u) << 4);
-            const unsigned q_hi = (byte >> 4) | (((qh >> (16 + m)) & 1u) << 4);
-            const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
-            const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
-            constexpr MutantSite kSite = MutantSite::decode_mma_direct;
+        for (int m = 0; m < 8; ++m) {
+          const unsigned byte = ((m < 4 ? qs.x : qs.y) >> (8 * (m & 3))) & 0xffu;
+          const unsigned q_lo = (byte & 0xfu) | (((qh >> m) & 1u) << 4);
+          const unsigned q_hi = (byte >> 4) | (((qh >> (16 + m)) & 1u) << 4);
+          const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
+          const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
+          constexpr MutantSite kSite = MutantSite::decode_mma_direct;
 #pragma unroll
-            for (int n = 0; n < kNT; ++n) {
-              float(&acc)[4] = o[n][8 * c + m];
-              acc[0] = pv_accumulator(fmaf(p0[n], v_lo, acc[0]), kSite);
-              acc[1] = pv_accumulator(fmaf(p1[n], v_lo, acc[1]), kSite);
-              acc[2] = pv_accumulator(fmaf(p0[n], v_hi, acc[2]), kSite);
-              acc[3] = pv_accumulator(fmaf(p1[n], v_hi, acc[3]), kSite);
-            }
+          for (int n = 0; n < kNT; ++n) {
+            float(&acc)[4] = o[n][8 * c + m];
+            acc[0] = pv_accumulator(fmaf(p0[n], v_lo, acc[0]), kSite);
+            acc[1] = pv_accumulator(fmaf(p1[n], v_lo, acc[1]), kSite);
+            acc[2] = pv_accumulator(fmaf(p0[n], v_hi, acc[2]), kSite);
+            acc[3] = pv_accumulator(fmaf(p1[n], v_hi, acc[3]), kSite);
           }
         }
       }
-      return;
     }
-    // p̃^T as the B fragments: the transpose of the (keys × heads) C layout.
+  };
+
+  // ---- P·V on the tensor cores: p̃^T as the B fragments, the transpose of the (keys × heads) C
+  // layout; V as fp16 A fragments by one HFMA2 per key pair. ----
+  auto accumulate_pv = [&](const TileRegs<kSlices>& r, const float(&pr)[kNT][4]) {
     unsigned pb0[kNT], pb1[kNT];
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
@@ -601,6 +618,24 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
     }
   };
 
+  auto compute_tile = [&](const TileRegs<kSlices>& r, int i) {
+    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
+    const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
+    float s[kNT][4];
+    compute_scores(r, s);
+    float pr[kNT][4];
+    update_softmax(s, valid, i, pr);
+    bool wide = false;
+#pragma unroll
+    for (int c = 0; c < kSlices; ++c)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wide = wide || v_header_maybe_wide(r.vh[c][j].x);
+    if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma_direct))
+      accumulate_pv_f32(pr, key0, valid);
+    else
+      accumulate_pv(r, pr);
+  };
+
   // Double-buffered registers: tile i + 1's loads are in flight while tile i computes.
   // NOTE: a shared-memory pipeline (lane-private cp.async stages, 2 tiles ahead, 4 blocks per
   // SM) measured 160 µs against this version's 102–110 µs at 128K keys, and an L2 bulk prefetch
@@ -644,12 +679,10 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(kD, 8 * kNT
   for (int n = 0; n < kNT; ++n)
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      float& l = l_run[n][hh];
-      l += __shfl_xor_sync(kFullMask, l, 4);
-      l += __shfl_xor_sync(kFullMask, l, 8);
-      l += __shfl_xor_sync(kFullMask, l, 16);
+      float& l = state.l[2 * n + hh];
+      l = sum_over_lane_groups(l);
       if (g == 0) {
-        m_s[warp][8 * n + 2 * t + hh] = m_run[n][hh];
+        m_s[warp][8 * n + 2 * t + hh] = state.m[2 * n + hh];
         l_s[warp][8 * n + 2 * t + hh] = l;
       }
     }

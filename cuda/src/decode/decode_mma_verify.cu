@@ -17,8 +17,8 @@
 //
 // ---- Why this kernel (bench/NOTES.md, session 9) -----------------------------------------
 // A decode is bound by turning q8_0 / q5_1 bytes into fp16 operands, not by its mma. The
-// verify kernel of decode_mma.cu repeats that work for every 16 query rows, so T = 8 (64 rows)
-// cost 7.5× the decode. Here the block converts each tile once, into fp16 in shared memory,
+// verify kernel of decode_mma_staged.cu repeats that work for every 16 query rows, so T = 8 (64
+// rows) cost 7.5× the decode. Here the block converts each tile once, into fp16 in shared memory,
 // and every warp reads its operands from there with ldmatrix: conversion is paid once per key
 // for all T·gqa rows, and only ldmatrix, mma and the softmax grow with T.
 //  - Keys are the mma's M, query rows its N: S^T[16 keys × 8 rows] = K·q̃^T (A = K quants by
@@ -229,8 +229,10 @@ __device__ __forceinline__ float v_exact(const std::uint8_t* raw, int key, int d
 /// One block per (split, KV head, rows chunk of kGroupRows·WR). Warp (wr, wk) = (warp / WK,
 /// warp % WK).
 template <int D, int WR, bool kBatch>
-__global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
+__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma_verify, D,
+                                                                verify_group_rows(D) * WR))
     decode_split_mma_verify_kernel(const SplitParams p) {
+  static_assert(split_instance_built(SplitKernel::mma_verify, D, verify_group_rows(D) * WR));
   using S = VerifyShape<D>;
   constexpr int kKf = S::kKf, kVf = S::kVf, kKd = S::kKd, kF16Stride = S::kF16Stride;
   constexpr int kTile = S::kTile, kBlocks = S::kBlocks, kNTiles = S::kNTiles;
@@ -245,7 +247,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   constexpr MutantSite kSite = MutantSite::decode_mma_verify;
   extern __shared__ __align__(16) std::uint8_t smem[];
 
-  const SplitRange range = begin_split<kBatch>(p, D, kDecodeMmaTileKeys, kSite);
+  const SplitRange range =
+      begin_split<kBatch>(p, D, split_granule(SplitKernel::mma_verify, D), kSite);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
   const int kv = range.kv;
@@ -313,14 +316,14 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 1));
   warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 2));
 
-  float m_run[kNTiles][2], l_run[kNTiles][2];
+  // Row 2nt + h: row 16wr + 8nt + 2t + h (m identical across the lane groups; l per lane).
+  SoftmaxState<2 * kNTiles> state;
   float o[kNTiles][kDimTiles][4];  // (dim 16dm + g + 8(e / 2), row 16wr + 8nt + 2t + e % 2)
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      m_run[nt][h] = kNegSentinel;
-      l_run[nt][h] = 0.0f;
+      state.reset(2 * nt + h);
     }
 #pragma unroll
     for (int dm = 0; dm < kDimTiles; ++dm)
@@ -345,6 +348,165 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
                        lo + kTile * i - range.base, p.k_tok_bytes, p.v_tok_bytes, valid_of(i));
     cp_async_commit();
   };
+  // ---- Scores: s[jj][nt][e] for key 16mt + g + 8(e / 2) of m-tile mt = wk + WK·(j0 + jj),
+  // row (nt, e % 2), from the converted tile in shared memory. ----
+  const auto compute_scores = [&](int j0, float(&s)[kNJ][kNTiles][4]) {
+#pragma unroll
+    for (int jj = 0; jj < kNJ; ++jj) {
+      const int mt = wk + WK * (j0 + jj);
+      // d of blocks (2i, 2i + 1) of keys g, g + 8 of the m-tile.
+      unsigned dk0[kBlocks / 2], dk1[kBlocks / 2];
+      {
+        const auto* w0 = reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g) * kBlocks * 2);
+        const auto* w1 =
+            reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g + 8) * kBlocks * 2);
+#pragma unroll
+        for (int i = 0; i < kBlocks / 4; ++i) {
+          const uint2 x0 = w0[i], x1 = w1[i];
+          dk0[2 * i] = x0.x;
+          dk0[2 * i + 1] = x0.y;
+          dk1[2 * i] = x1.x;
+          dk1[2 * i + 1] = x1.y;
+        }
+      }
+      const std::uint8_t* krow = smem + kKf + (16 * mt + k_lrow) * kF16Stride + 2 * k_lcol;
+#pragma unroll
+      for (int b = 0; b < kBlocks; ++b) {
+        float c[kNTiles][4] = {};
+#pragma unroll
+        for (int ks = 2 * b; ks < 2 * b + 2; ++ks) {
+          unsigned a[4];
+          ldmatrix_x4<false>(a, krow + 32 * ks);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+            mma_16816(c[nt], a[0], a[1], a[2], a[3], qb[nt][ks][0], qb[nt][ks][1]);
+        }
+        const unsigned w0 = dk0[b / 2], w1 = dk1[b / 2];
+        const float d0 = f16_bits((b & 1) ? w0 >> 16 : w0 & 0xffffu);
+        const float d1 = f16_bits((b & 1) ? w1 >> 16 : w1 & 0xffffu);
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float d = e < 2 ? d0 : d1;
+            s[jj][nt][e] = b == 0 ? __fmul_rn(c[nt][e], d) : fmaf(c[nt][e], d, s[jj][nt][e]);
+          }
+      }
+    }
+  };
+
+  // ---- Online softmax per row over the keys it attends (p = 0 elsewhere): s becomes the
+  // weights p; the accumulators are rescaled when a max moved (first: nothing accumulated yet).
+  // When every key of these m-tiles is in every real row's view (the common case), no mask is
+  // evaluated. ----
+  const auto update_softmax = [&](float(&s)[kNJ][kNTiles][4], int j0, int key_off, int valid,
+                                  bool first) {
+    bool rescale = false;
+    float alpha[kNTiles][2];
+    const int mt_first = wk + WK * j0, mt_last = wk + WK * (j0 + kNJ - 1);
+    const bool full = 16 * mt_last + 16 <= valid && key_off + 16 * mt_first >= warp_lo &&
+                      key_off + 16 * mt_last + 16 <= warp_hi;
+    const auto softmax = [&](auto full_c) {
+      constexpr bool kFull = decltype(full_c)::value;
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          bool att[kNJ][2];
+          float top = kNegSentinel;
+#pragma unroll
+          for (int jj = 0; jj < kNJ; ++jj)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              const int k = 16 * (wk + WK * (j0 + jj)) + g + 8 * r;  // key of the tile
+              att[jj][r] = kFull || (k < valid && key_off + k >= row_lo[nt][h] &&
+                                     key_off + k < row_hi[nt][h]);
+              s[jj][nt][2 * r + h] = score_scaled(s[jj][nt][2 * r + h], p.scale);
+              if (att[jj][r]) top = fmaxf(top, s[jj][nt][2 * r + h]);
+            }
+          top = max_over_lane_groups(top);
+          const float m_new = state.max_with(2 * nt + h, top);
+          alpha[nt][h] = state.rescale_to(2 * nt + h, m_new);
+          rescale = rescale || alpha[nt][h] != 1.0f;
+          float sum = 0.0f;
+#pragma unroll
+          for (int jj = 0; jj < kNJ; ++jj)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+              s[jj][nt][2 * r + h] =
+                  att[jj][r] ? softmax_weight(s[jj][nt][2 * r + h], m_new) : 0.0f;
+              sum += s[jj][nt][2 * r + h];
+            }
+          state.advance(2 * nt + h, m_new, alpha[nt][h], sum);
+        }
+    };
+    if (full)
+      softmax(std::true_type{});
+    else
+      softmax(std::false_type{});
+    if (rescale_accumulators(__any_sync(kFullMask, rescale), first, kSite))
+      rescale_pv_accumulators(o, alpha, kSite);
+  };
+
+  // ---- P·V on the CUDA cores, f32, keys in order, only the keys each row attends: V exact, p
+  // unrounded (a tile holding a V block that may leave fp16's range). p: m-tile mt's weights. ----
+  const auto accumulate_pv_f32 = [&](const float(&p)[kNTiles][4], int mt, int key_off, int valid,
+                                     const std::uint8_t* raw) {
+#pragma unroll 1
+    for (int k = 0; k < 16; ++k) {
+      const int key = 16 * mt + k;
+      if (key >= valid) break;  // warp-uniform
+      const int src = ((k & 7) << 2) | t;
+      float pk[kNTiles][2];
+      bool att[kNTiles][2];
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          pk[nt][h] = __shfl_sync(kFullMask, k < 8 ? p[nt][h] : p[nt][2 + h], src);
+          att[nt][h] = key_off + key >= row_lo[nt][h] && key_off + key < row_hi[nt][h];
+        }
+#pragma unroll
+      for (int dm = 0; dm < kDimTiles; ++dm)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float v = v_exact<D>(raw, key, 16 * dm + g + 8 * r);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              if (att[nt][h])
+                o[nt][dm][2 * r + h] =
+                    pv_accumulator(fmaf(pk[nt][h], v, o[nt][dm][2 * r + h]), kSite);
+          // NOTE: keeps the next value's loads from being hoisted here: on this rare
+          // path, registers matter more than latency.
+          asm volatile("" ::: "memory");
+        }
+    }
+  };
+
+  // ---- P·V on the tensor cores: p̃^T (keys 2t, 2t + 1 (+ 8), row g of n-tile nt) as the B
+  // fragments, V^T from the converted tile by ldmatrix. ----
+  const auto accumulate_pv = [&](const float(&p)[kNTiles][4], int mt) {
+    unsigned pb[kNTiles][2];  // p̃^T: keys 2t, 2t + 1 (+ 8), row g of n-tile nt
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      pb[nt][0] = transpose_8x8_f16(pack_f16x2(p[nt][0], p[nt][1]));
+      pb[nt][1] = transpose_8x8_f16(pack_f16x2(p[nt][2], p[nt][3]));
+    }
+    const std::uint8_t* vrow = smem + kVf + (16 * mt + v_lrow) * kF16Stride + 2 * v_lcol;
+#pragma unroll
+    for (int dm = 0; dm < kDimTiles; ++dm) {
+      unsigned a[4];
+      ldmatrix_x4<true>(a, vrow + 32 * dm);
+#pragma unroll
+      for (int nt = 0; nt < kNTiles; ++nt) {
+        mma_16816(o[nt][dm], a[0], a[1], a[2], a[3], pb[nt][0], pb[nt][1]);
+        pv_accumulators(o[nt][dm], kSite);
+      }
+    }
+  };
+
 #pragma unroll
   for (int i = 0; i < kVerifyStages - 1; ++i) copy(i);
   for (int i = 0; i < n_tiles; ++i) {
@@ -361,160 +523,17 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
     // than 255 registers), with one max update for them.
 #pragma unroll 1
     for (int j0 = 0; j0 < kMy; j0 += kNJ) {
-      // ---- QK: s[jj][nt][e] for key 16mt + g + 8(e / 2) of m-tile mt = wk + WK·(j0 + jj),
-      // row (nt, e % 2). ----
       float s[kNJ][kNTiles][4];
-#pragma unroll
-      for (int jj = 0; jj < kNJ; ++jj) {
-        const int mt = wk + WK * (j0 + jj);
-        // d of blocks (2i, 2i + 1) of keys g, g + 8 of the m-tile.
-        unsigned dk0[kBlocks / 2], dk1[kBlocks / 2];
-        {
-          const auto* w0 = reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g) * kBlocks * 2);
-          const auto* w1 =
-              reinterpret_cast<const uint2*>(smem + kKd + (16 * mt + g + 8) * kBlocks * 2);
-#pragma unroll
-          for (int i = 0; i < kBlocks / 4; ++i) {
-            const uint2 x0 = w0[i], x1 = w1[i];
-            dk0[2 * i] = x0.x;
-            dk0[2 * i + 1] = x0.y;
-            dk1[2 * i] = x1.x;
-            dk1[2 * i + 1] = x1.y;
-          }
-        }
-        const std::uint8_t* krow = smem + kKf + (16 * mt + k_lrow) * kF16Stride + 2 * k_lcol;
-#pragma unroll
-        for (int b = 0; b < kBlocks; ++b) {
-          float c[kNTiles][4] = {};
-#pragma unroll
-          for (int ks = 2 * b; ks < 2 * b + 2; ++ks) {
-            unsigned a[4];
-            ldmatrix_x4<false>(a, krow + 32 * ks);
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt)
-              mma_16816(c[nt], a[0], a[1], a[2], a[3], qb[nt][ks][0], qb[nt][ks][1]);
-          }
-          const unsigned w0 = dk0[b / 2], w1 = dk1[b / 2];
-          const float d0 = f16_bits((b & 1) ? w0 >> 16 : w0 & 0xffffu);
-          const float d1 = f16_bits((b & 1) ? w1 >> 16 : w1 & 0xffffu);
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-              const float d = e < 2 ? d0 : d1;
-              s[jj][nt][e] = b == 0 ? __fmul_rn(c[nt][e], d) : fmaf(c[nt][e], d, s[jj][nt][e]);
-            }
-        }
-      }
-
-      // ---- Online softmax per row over the keys it attends (p = 0 elsewhere). When every key
-      // of these m-tiles is in every real row's view (the common case), no mask is evaluated.
-      bool rescale = false;
-      float alpha[kNTiles][2];
-      const int mt_first = wk + WK * j0, mt_last = wk + WK * (j0 + kNJ - 1);
-      const bool full = 16 * mt_last + 16 <= valid && key_off + 16 * mt_first >= warp_lo &&
-                        key_off + 16 * mt_last + 16 <= warp_hi;
-      const auto softmax = [&](auto full_c) {
-        constexpr bool kFull = decltype(full_c)::value;
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            bool att[kNJ][2];
-            float top = kNegSentinel;
-#pragma unroll
-            for (int jj = 0; jj < kNJ; ++jj)
-#pragma unroll
-              for (int r = 0; r < 2; ++r) {
-                const int k = 16 * (wk + WK * (j0 + jj)) + g + 8 * r;  // key of the tile
-                att[jj][r] = kFull || (k < valid && key_off + k >= row_lo[nt][h] &&
-                                       key_off + k < row_hi[nt][h]);
-                s[jj][nt][2 * r + h] = score_scaled(s[jj][nt][2 * r + h], p.scale);
-                if (att[jj][r]) top = fmaxf(top, s[jj][nt][2 * r + h]);
-              }
-            top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 4));
-            top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 8));
-            top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 16));
-            const float m_new = fmaxf(m_run[nt][h], top);
-            alpha[nt][h] = softmax_rescale(m_run[nt][h], m_new);
-            rescale = rescale || alpha[nt][h] != 1.0f;
-            float sum = 0.0f;
-#pragma unroll
-            for (int jj = 0; jj < kNJ; ++jj)
-#pragma unroll
-              for (int r = 0; r < 2; ++r) {
-                s[jj][nt][2 * r + h] =
-                    att[jj][r] ? softmax_weight(s[jj][nt][2 * r + h], m_new) : 0.0f;
-                sum += s[jj][nt][2 * r + h];
-              }
-            l_run[nt][h] = l_run[nt][h] * alpha[nt][h] + sum;
-            m_run[nt][h] = m_new;
-          }
-      };
-      if (full)
-        softmax(std::true_type{});
-      else
-        softmax(std::false_type{});
-      if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0 && j0 == 0, kSite))
-        rescale_pv_accumulators(o, alpha, kSite);
-
-        // ---- PV. ----
+      compute_scores(j0, s);
+      update_softmax(s, j0, key_off, valid, i == 0 && j0 == 0);
 #pragma unroll
       for (int jj = 0; jj < kNJ; ++jj) {
         const int mt = wk + WK * (j0 + jj);
         if (f32_pv) {
-          // CUDA cores, f32, keys in order, only the keys each row attends: V exact, p
-          // unrounded.
-#pragma unroll 1
-          for (int k = 0; k < 16; ++k) {
-            const int key = 16 * mt + k;
-            if (key >= valid) break;  // warp-uniform
-            const int src = ((k & 7) << 2) | t;
-            float pk[kNTiles][2];
-            bool att[kNTiles][2];
-#pragma unroll
-            for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                pk[nt][h] = __shfl_sync(kFullMask, k < 8 ? s[jj][nt][h] : s[jj][nt][2 + h], src);
-                att[nt][h] = key_off + key >= row_lo[nt][h] && key_off + key < row_hi[nt][h];
-              }
-#pragma unroll
-            for (int dm = 0; dm < kDimTiles; ++dm)
-#pragma unroll
-              for (int r = 0; r < 2; ++r) {
-                const float v = v_exact<D>(raw, key, 16 * dm + g + 8 * r);
-#pragma unroll
-                for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-                  for (int h = 0; h < 2; ++h)
-                    if (att[nt][h])
-                      o[nt][dm][2 * r + h] =
-                          pv_accumulator(fmaf(pk[nt][h], v, o[nt][dm][2 * r + h]), kSite);
-                // NOTE: keeps the next value's loads from being hoisted here: on this rare
-                // path, registers matter more than latency.
-                asm volatile("" ::: "memory");
-              }
-          }
+          accumulate_pv_f32(s[jj], mt, key_off, valid, raw);
           continue;
         }
-        unsigned pb[kNTiles][2];  // p̃^T: keys 2t, 2t + 1 (+ 8), row g of n-tile nt
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          pb[nt][0] = transpose_8x8_f16(pack_f16x2(s[jj][nt][0], s[jj][nt][1]));
-          pb[nt][1] = transpose_8x8_f16(pack_f16x2(s[jj][nt][2], s[jj][nt][3]));
-        }
-        const std::uint8_t* vrow = smem + kVf + (16 * mt + v_lrow) * kF16Stride + 2 * v_lcol;
-#pragma unroll
-        for (int dm = 0; dm < kDimTiles; ++dm) {
-          unsigned a[4];
-          ldmatrix_x4<true>(a, vrow + 32 * dm);
-#pragma unroll
-          for (int nt = 0; nt < kNTiles; ++nt) {
-            mma_16816(o[nt][dm], a[0], a[1], a[2], a[3], pb[nt][0], pb[nt][1]);
-            pv_accumulators(o[nt][dm], kSite);
-          }
-        }
+        accumulate_pv(s[jj], mt);
       }
     }
   }
@@ -524,9 +543,7 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
   for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 4);
-      l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 8);
-      l_run[nt][h] += __shfl_xor_sync(kFullMask, l_run[nt][h], 16);
+      state.l[2 * nt + h] = sum_over_lane_groups(state.l[2 * nt + h]);
     }
   __syncthreads();  // every warp is done with the stages (no copy is in flight)
   float* m_s = reinterpret_cast<float*>(smem);  // [warp][16]
@@ -538,8 +555,8 @@ __global__ void __launch_bounds__(kThreads, kVerifyBlocksPerSm)
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        m_s[warp * 16 + 8 * nt + 2 * t + h] = m_run[nt][h];
-        l_s[warp * 16 + 8 * nt + 2 * t + h] = l_run[nt][h];
+        m_s[warp * 16 + 8 * nt + 2 * t + h] = state.m[2 * nt + h];
+        l_s[warp * 16 + 8 * nt + 2 * t + h] = state.l[2 * nt + h];
       }
   }
 #pragma unroll
@@ -596,7 +613,7 @@ cudaError_t launch_instance(const SplitParams& sp, dim3 grid, cudaStream_t strea
 template <int D, int WR>
 cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
   return sp.batch.list.slots != nullptr ? launch_instance<D, WR, true>(sp, grid, stream)
-                                   : launch_instance<D, WR, false>(sp, grid, stream);
+                                        : launch_instance<D, WR, false>(sp, grid, stream);
 }
 
 template <int D, int WR>

@@ -32,6 +32,28 @@ const char* decode_rows_name(DecodeOptions::Rows rows) {
   return "?";
 }
 
+namespace {
+
+/// The variable's value as an integer in [lo, hi], or `otherwise` when it is not set. The whole
+/// value must be a number in range ("8x" or "" is refused, not read as 8 or 0).
+int integer_from_environment(const char* name, int lo, int hi, int otherwise) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) return otherwise;
+  const std::string v(env);
+  std::size_t used = 0;
+  int value = lo - 1;
+  try {
+    value = std::stoi(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != v.size() || value < lo || value > hi)
+    refuse("DecodeOptions", name, "=", v, " is outside [", lo, ", ", hi, "]");
+  return value;
+}
+
+}  // namespace
+
 DecodeOptions DecodeOptions::from_environment() {
   const char* op = "DecodeOptions";
   DecodeOptions o;
@@ -52,20 +74,9 @@ DecodeOptions DecodeOptions::from_environment() {
     else if (v != "auto")
       refuse(op, "KVLAYER_DECODE_ROWS=", v, " is not a row choice (supported: auto, split, whole)");
   }
-  if (const char* env = std::getenv("KVLAYER_SPLIT_BALANCE")) {
-    // The whole value must be a number in range ("8x" or "" is refused, not read as 8 or 0).
-    const std::string v(env);
-    std::size_t used = 0;
-    int balance = -1;
-    try {
-      balance = std::stoi(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != v.size() || balance < 0 || balance > kMaxSplitBalance)
-      refuse(op, "KVLAYER_SPLIT_BALANCE=", v, " is outside [0, ", kMaxSplitBalance, "]");
-    o.split_balance = balance;
-  }
+  o.split_balance =
+      integer_from_environment("KVLAYER_SPLIT_BALANCE", 0, kMaxSplitBalance, o.split_balance);
+  o.batch_waves = integer_from_environment("KVLAYER_BATCH_WAVES", 1, kMaxBatchWaves, o.batch_waves);
   return o;
 }
 

@@ -20,14 +20,15 @@ namespace {
 /// A batch launch's BatchParams (SplitParams::batch); all zero for one layer's.
 BatchParams batch_params(const DecodeArgs& a, const DecodePlan& plan, int row_blocks) {
   if (a.batch.slots == nullptr) return BatchParams{};
-  const long long floats = (long long)(a.queries > 1 ? a.queries : 1) * plan.n_kv_heads *
-                           plan.gqa * plan.head_dim;  // q and out per position
-  return BatchParams{a.batch,
-                     row_blocks,
-                     a.windowed,
-                     floats,
-                     floats,
-                     static_cast<long long>(batch_scratch_stride(plan))};
+  const long long floats = (long long)(a.queries > 1 ? a.queries : 1) * plan.n_kv_heads * plan.gqa *
+                           plan.head_dim;  // q and out per position
+  return BatchParams{.list = a.batch,
+                     .row_blocks = row_blocks,
+                     .windowed = a.windowed,
+                     .q_stride = floats,
+                     .out_stride = floats,
+                     .scratch_stride = static_cast<long long>(batch_scratch_stride(plan)),
+                     .schedule = a.schedule};
 }
 
 }  // namespace
@@ -54,8 +55,12 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
     return cudaErrorInvalidValue;
   if (batch) {
     // The slots' planes were checked when the batch wrote them (kv_batch.cpp).
+    const BatchSchedule& sc = a.schedule;
+    const bool schedule_ok =
+        sc.n_items == nullptr || (sc.splits != nullptr && sc.keys_per_split != nullptr &&
+                                  sc.first_item != nullptr && sc.item_position != nullptr);
     if (!plan.batch || a.batch.active == nullptr || a.batch.n_active == nullptr ||
-        a.max_batch < 1)
+        a.max_batch < 1 || !schedule_ok)
       return cudaErrorInvalidValue;
   } else if (a.k_plane == nullptr || a.v_plane == nullptr || misaligned(a.k_plane) ||
              misaligned(a.v_plane) || (a.len_d != nullptr && a.status == nullptr)) {
@@ -91,9 +96,17 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        a.status,
                        batch_params(a, plan, row_chunks(plan, T))};
   const int positions = batch ? a.max_batch : 1;
-  const dim3 grid(static_cast<unsigned>(n_splits), static_cast<unsigned>(plan.n_kv_heads),
-                  static_cast<unsigned>(row_chunks(plan, T) * positions));
+  const bool scheduled = sp.batch.schedule.n_items != nullptr;
+  // A scheduled batch: as many blocks per KV head as the schedule can give out; otherwise the
+  // plan's splits for each position.
+  const long long x_blocks = scheduled ? batch_max_items(plan, a.max_batch) : n_splits;
+  const dim3 grid(static_cast<unsigned>(x_blocks), static_cast<unsigned>(plan.n_kv_heads),
+                  static_cast<unsigned>(row_chunks(plan, T) * (scheduled ? 1 : positions)));
   cudaError_t err = cudaSuccess;
+  if (scheduled) {
+    err = launch_batch_schedule(sp, static_cast<int>(batch_items(plan, T)), tile_keys, stream);
+    if (err != cudaSuccess) return err;
+  }
   switch (choice.kernel) {
     case SplitKernel::cuda_core:
       err = launch_split_cuda_core(sp, plan.head_dim, choice.rows, grid, stream);

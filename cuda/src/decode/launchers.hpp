@@ -11,10 +11,11 @@ namespace kvlayer::cuda::detail::decode_impl {
 /// decode_cuda_core.cu: the CUDA-core split kernel for `rows` (1, 2, 4, 8, 16) query heads.
 cudaError_t launch_split_cuda_core(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                    cudaStream_t stream);
-/// decode_mma.cu: the staged tensor-core split kernel with `rows` (8 or 16) mma rows.
+/// decode_mma_staged.cu: the staged tensor-core split kernel with `rows` (8 or 16) mma rows.
 cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_mma.cu: the staged verify split kernel (SPEC §11), head dim 64, 16 query rows per block.
+/// decode_mma_staged.cu: the staged verify split kernel (SPEC §11), head dim 64, 16 query rows per
+/// block.
 cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, dim3 grid, cudaStream_t stream);
 /// decode_mma_verify.cu: the verify split kernel for head dim 128 or 256, `rows` query rows per
 /// block (select_split_kernel's).
@@ -24,6 +25,11 @@ cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int row
 /// heads (register-direct loads), or head dim 256 and 8 (bulk loads: SplitKernel::mma_bulk).
 cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
+
+/// batch_schedule.cu: enqueues plan_batch_splits for a scheduled batch launch (sp.batch's
+/// schedule), aiming at `items` blocks per KV head of `granule`-key multiples.
+cudaError_t launch_batch_schedule(const SplitParams& sp, int items, int granule,
+                                  cudaStream_t stream);
 
 /// Resident blocks per multiprocessor (occupancy API, with the launch's attributes applied).
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);

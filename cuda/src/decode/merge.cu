@@ -62,9 +62,18 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
     if (tid < kMergeCols) out[out_row * D + col0 + tid] = 0.0f;  // SPEC §8: zeros
     return;
   }
-  const auto kps =
-      static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, p.tile_keys, p.split_balance));
-  const int active = static_cast<int>((static_cast<unsigned>(n) + kps - 1) / kps);  // 32-bit
+  int active = 0;
+  if (kBatch && p.batch.schedule.n_items != nullptr) {
+    active = p.batch.schedule.splits[blockIdx.z];  // the split grid's schedule
+    if (active == 0) {
+      if (tid < kMergeCols) out[out_row * D + col0 + tid] = 0.0f;
+      return;
+    }
+  } else {
+    const auto kps =
+        static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, p.tile_keys, p.split_balance));
+    active = static_cast<int>((static_cast<unsigned>(n) + kps - 1) / kps);  // 32-bit
+  }
   const Scratch s = scratch_layout(scratch, p.n_kv, p.n_splits, rows, D);
   const long long part0 = (long long)kv * p.n_splits;  // partial (kv, split 0)
 
@@ -132,9 +141,9 @@ cudaError_t launch_merge(const MergeParams& mp, int positions, cudaStream_t stre
   // it waits for the split grid's completion (wait_for_split_grid) before reading scratch.
   // NOTE: saves the launch gap between the two kernels (bench/NOTES.md); graph-capturable.
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(mp.n_kv * query_rows(mp.view.queries, mp.gqa)),
-                        static_cast<unsigned>(mp.head_dim / kMergeCols),
-                        static_cast<unsigned>(positions));
+  config.gridDim =
+      dim3(static_cast<unsigned>(mp.n_kv * query_rows(mp.view.queries, mp.gqa)),
+           static_cast<unsigned>(mp.head_dim / kMergeCols), static_cast<unsigned>(positions));
   config.blockDim = dim3(kMergeThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute{};
@@ -142,8 +151,9 @@ cudaError_t launch_merge(const MergeParams& mp, int positions, cudaStream_t stre
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return mp.batch.list.slots != nullptr ? cudaLaunchKernelEx(&config, decode_merge_kernel<true>, mp)
-                                   : cudaLaunchKernelEx(&config, decode_merge_kernel<false>, mp);
+  return mp.batch.list.slots != nullptr
+             ? cudaLaunchKernelEx(&config, decode_merge_kernel<true>, mp)
+             : cudaLaunchKernelEx(&config, decode_merge_kernel<false>, mp);
 }
 
 }  // namespace decode_impl

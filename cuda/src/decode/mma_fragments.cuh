@@ -1,4 +1,4 @@
-// Register-level helpers shared by the tensor-core split kernels (decode_mma.cu,
+// Register-level helpers shared by the tensor-core split kernels (decode_mma_staged.cu,
 // decode_mma_direct.cu, decode_mma_verify.cu): the m16n8k16 f16 mma, ldmatrix, fp16x2 bit casts
 // and packing, and the fragment transpose (the block formats' conversions: codec_q8_0.cuh,
 // codec_q5_1.cuh).

@@ -16,28 +16,14 @@ inline constexpr int kDecodeMaxSplits = 1024;
 /// Split blocks the planner aims for per multiprocessor at max_view_keys.
 inline constexpr int kDecodeBlocksPerSm = 4;
 
-/// Tensor-core kernel (decode_mma.cu): 4 warps, each owning every 4th 16-key warp tile of the
-/// split, so the partition granule (tile_keys of its plan) is 64 keys for every head dim.
+/// Tensor-core kernel (decode_mma_staged.cu): 4 warps, each owning every 4th 16-key warp tile of
+/// the split, so the partition granule (tile_keys of its plan) is 64 keys for every head dim.
 inline constexpr int kDecodeMmaWarps = 4;
 inline constexpr int kDecodeMmaWarpKeys = 16;
 inline constexpr int kDecodeMmaTileKeys = kDecodeMmaWarps * kDecodeMmaWarpKeys;
 
-/// Resident tensor-core split blocks per multiprocessor for a kernel of `rows` mma rows per block
-/// (select_split_kernel's; shared memory and the register cap of its __launch_bounds__).
-/// decode_mma_direct.cu: head dim 128, 8 rows: 3 (two tiles of operands in registers at 168
-/// registers per thread); 16 rows: 2 (a second n-tile doubles q̃ and the accumulators); head dim
-/// 256, 8 rows: 2 (two slices of operands; 58 KB of bulk-load ring). decode_mma.cu: head dim 256,
-/// 16 rows: 2 (96 KB of stages); head dim 64: 4.
-__host__ __device__ constexpr int decode_mma_blocks_per_sm(int head_dim, int rows) {
-  return head_dim == 256 ? 2 : (head_dim == 128 ? (rows <= 8 ? 3 : 2) : 4);
-}
-
-/// Query rows of a verify decode (SPEC §11) one staged verify block holds (decode_mma.cu).
+/// Query rows of a verify decode (SPEC §11) one staged verify block holds (decode_mma_staged.cu).
 inline constexpr int kVerifyRowsPerBlock = 16;
-
-/// Resident decode_mma_verify.cu blocks per multiprocessor: its register cap (255 at 2; at 3
-/// the 170-register cap spills) and its 64 KB of shared memory allow 2.
-inline constexpr int kVerifyBlocksPerSm = 2;
 
 /// decode_mma_verify.cu (head dims 128 and 256): keys per block tile (its fp16 stage), query
 /// rows per warp row group (its accumulators: 16 at head dim 128, 8 at 256).

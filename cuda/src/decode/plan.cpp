@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <span>
+#include <vector>
 
 #include "decode/decode.hpp"
 #include "decode/partition.hpp"
@@ -39,6 +41,9 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   if (options.split_balance < 0 || options.split_balance > DecodeOptions::kMaxSplitBalance)
     refuse(op, "split_balance ", options.split_balance, " is outside [0, ",
            DecodeOptions::kMaxSplitBalance, "]");
+  if (options.batch_waves < 1 || options.batch_waves > DecodeOptions::kMaxBatchWaves)
+    refuse(op, "batch_waves ", options.batch_waves, " is outside [1, ",
+           DecodeOptions::kMaxBatchWaves, "]");
   if (options.max_verify_splits < 0 || options.max_verify_splits > kDecodeMaxSplits)
     refuse(op, "max_verify_splits ", options.max_verify_splits, " is outside [0, ",
            kDecodeMaxSplits, "] (0: no cap)");
@@ -83,12 +88,14 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   // Enough (KV head, split, row block) blocks to fill every SM at the longest view (as many as
   // stay resident).
   const SplitChoice choice = select_split_kernel(p, 0);
-  const int per_sm = mma ? decode_mma_blocks_per_sm(head_dim, choice.rows) : kDecodeBlocksPerSm;
+  const int per_sm = split_blocks_per_sm(choice.kernel, head_dim, choice.rows);
   const std::int64_t target = std::int64_t(per_sm) * multiprocessor_count / row_chunks(p, 0);
   // NOTE: rounded down: one block more than the resident slots would start a second wave that
   // runs a whole split's time alone (8 × 128 at 3 per SM: 50 splits = 400 blocks > 396).
   const std::int64_t splits = std::clamp<std::int64_t>(target / n_kv_heads, 1, max_splits);
   p.n_splits = int(splits);
+  p.batch_waves = options.batch_waves;
+  p.batch_items = std::max<std::int64_t>(1, options.batch_waves * target / n_kv_heads);
   // keys_per_split grows with the view length, so the longest view bounds every launch.
   p.max_keys_per_split =
       decode_keys_per_split(max_view_keys, p.n_splits, p.tile_keys, p.split_balance);
@@ -115,13 +122,12 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
   // Resident blocks of the kernel select_split_kernel names: for T ≥ 2 the verify kernel, for
   // T = 1 the decode's.
   const std::int64_t sms = std::max(multiprocessor_count, 1);
-  const int per_sm = plan.head_dim == 64
-                         ? decode_mma_blocks_per_sm(plan.head_dim, kVerifyRowsPerBlock)
-                         : kVerifyBlocksPerSm;
+  const SplitChoice verify = select_split_kernel(plan, 2);  // every verify instance alike
+  const int per_sm = split_blocks_per_sm(verify.kernel, plan.head_dim, verify.rows);
   plan.verify_blocks = std::int64_t(per_sm) * sms;
-  const int decode_rows = select_split_kernel(plan, 1).rows;
+  const SplitChoice decode = select_split_kernel(plan, 1);
   plan.verify_decode_blocks =
-      std::int64_t(decode_mma_blocks_per_sm(plan.head_dim, decode_rows)) * sms;
+      std::int64_t(split_blocks_per_sm(decode.kernel, plan.head_dim, decode.rows)) * sms;
   for (int t = 1; t <= max_verify; ++t) {
     const std::size_t rows = std::size_t(t) * std::size_t(plan.gqa);
     const std::size_t bytes = std::size_t(plan.n_kv_heads) * std::size_t(verify_splits(plan, t)) *
@@ -172,7 +178,7 @@ SplitGrid split_grid(const DecodePlan& plan, int T) {
   const SplitChoice choice = select_split_kernel(plan, T);
   SplitGrid g;
   g.n_splits = verify ? verify_splits(plan, T) : plan.n_splits;
-  g.granule = choice.kernel == SplitKernel::cuda_core ? plan.tile_keys : kDecodeMmaTileKeys;
+  g.granule = split_granule(choice.kernel, plan.head_dim);
   g.balance = verify ? 0 : plan.split_balance;
   return g;
 }
@@ -222,10 +228,11 @@ const char* split_kernel_name(SplitKernel kernel) {
   return "?";
 }
 
-kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T) {
-  const int splits = verify_splits(plan, T);
-  const std::int64_t kps =
-      decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys, 0);
+namespace {
+
+/// A verify row's accumulation shape for splits of kps keys (at most `splits` of them).
+kvlayer::AccumulationShape verify_shape(const DecodePlan& plan, int T, std::int64_t kps,
+                                        int splits) {
   // T = 1 and the staged verify (as plan_decode's mma kernels): a warp sees every 4th 16-key
   // tile of 64 keys, one mma step and one max update each. decode_mma_verify.cu: per tile of
   // verify_tile_keys a warp takes verify_warp_mtiles m-tiles (one mma step each) in
@@ -245,6 +252,61 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
   shape.tensor_core = true;
   shape.pv_mma_steps = tiles * steps_per_tile;
   return shape;
+}
+
+/// A decode's accumulation shape for splits of kps keys (at most `splits` of them).
+kvlayer::AccumulationShape decode_shape(const DecodePlan& plan, std::int64_t kps, int splits) {
+  const bool mma = plan.kernel == DecodeKernel::mma;
+  kvlayer::AccumulationShape shape;
+  shape.max_keys_per_split = kps;
+  shape.n_splits = splits;
+  shape.rescales = mma ? kps / kDecodeMmaTileKeys + 1 : kps / plan.tile_keys;
+  shape.tensor_core = mma;
+  shape.pv_mma_steps = mma ? kps / kDecodeMmaTileKeys : 0;
+  return shape;
+}
+
+}  // namespace
+
+kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int T) {
+  const int splits = verify_splits(plan, T);
+  const std::int64_t kps =
+      decode_keys_per_split(plan.verify_max_view_keys, splits, kDecodeMmaTileKeys, 0);
+  return verify_shape(plan, T, kps, splits);
+}
+
+std::int64_t batch_items(const DecodePlan& plan, int T) {
+  if (T <= 1) return plan.batch_items;
+  const std::int64_t per_kv =
+      plan.verify_blocks / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
+  return std::max<std::int64_t>(1, plan.batch_waves * per_kv);
+}
+
+std::int64_t batch_max_items(const DecodePlan& plan, int max_batch) {
+  std::int64_t most = batch_items(plan, 0);
+  for (int t = 2; t <= plan.max_verify; ++t) most = std::max(most, batch_items(plan, t));
+  return most + max_batch;
+}
+
+std::vector<kvlayer::AccumulationShape> batch_shapes(const DecodePlan& plan, int T,
+                                                     std::span<const std::int64_t> view_keys) {
+  const int q = T <= 1 ? 0 : T;  // T = 1: the decode's grid
+  const SplitGrid grid = split_grid(plan, q);
+  std::int64_t total = 0;
+  for (const std::int64_t n : view_keys) total += std::max<std::int64_t>(n, 0);
+  const std::int64_t chunk = batch_chunk(total, batch_items(plan, q), grid.balance, grid.granule);
+  std::vector<kvlayer::AccumulationShape> shapes;
+  for (const std::int64_t n : view_keys) {
+    // plan_batch_splits gives the same splits.
+    const BatchSplits b = batch_splits(n, chunk, grid.n_splits, grid.granule);
+    if (b.splits == 0) {  // no keys: nothing accumulates
+      shapes.push_back(q == 0 ? accumulation_shape(plan) : verify_accumulation_shape(plan, q));
+      continue;
+    }
+    shapes.push_back(q == 0 ? decode_shape(plan, b.keys_per_split, b.splits)
+                            : verify_shape(plan, q, b.keys_per_split, b.splits));
+  }
+  return shapes;
 }
 
 kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan) {

@@ -38,6 +38,47 @@ __device__ __forceinline__ float softmax_weight(float s, float m) {
   return exp2f((s - m) * kLog2e);
 }
 
+/// The max and the sum over a warp's 8 lane groups (the lanes of one threadID_in_group t): the
+/// keys of an mma C fragment's row are spread over them.
+__device__ __forceinline__ float max_over_lane_groups(float x) {
+  x = fmaxf(x, __shfl_xor_sync(kFullMask, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(kFullMask, x, 8));
+  return fmaxf(x, __shfl_xor_sync(kFullMask, x, 16));
+}
+__device__ __forceinline__ float sum_over_lane_groups(float x) {
+  x += __shfl_xor_sync(kFullMask, x, 4);
+  x += __shfl_xor_sync(kFullMask, x, 8);
+  return x + __shfl_xor_sync(kFullMask, x, 16);
+}
+
+/// The running softmax of the kRows query rows a lane works on within a split (accuracy.hpp
+/// (2)): for row r, m[r], the largest score of the keys seen (kNegSentinel before any), and
+/// l[r], the sum of their weights under m[r] (in the tensor-core kernels a lane's share: each
+/// lane holds some of the row's keys, and the warp sums the shares when the split ends). Every
+/// split kernel moves it a tile at a time: m_new = max_with(r, the tile's largest attended score
+/// reduced over the row's lanes), α = rescale_to(r, m_new), the tile's weights
+/// softmax_weight(s, m_new), then advance(r, m_new, α, their sum); whatever was accumulated under
+/// the old max is scaled by α. (Two arrays, l first, not an array of rows: ptxas allocates the
+/// kernels' registers in this order.)
+template <int kRows>
+struct SoftmaxState {
+  float l[kRows];
+  float m[kRows];
+
+  __device__ __forceinline__ void reset(int r) {
+    m[r] = kNegSentinel;
+    l[r] = 0.0f;
+  }
+  __device__ __forceinline__ float max_with(int r, float top) const { return fmaxf(m[r], top); }
+  __device__ __forceinline__ float rescale_to(int r, float m_new) const {
+    return softmax_rescale(m[r], m_new);
+  }
+  __device__ __forceinline__ void advance(int r, float m_new, float alpha, float sum) {
+    l[r] = l[r] * alpha + sum;
+    m[r] = m_new;
+  }
+};
+
 /// The rescale of a warp's running P·V accumulators in the mma C layout, o[n][m][e] for the
 /// n-th 8-row tile's row 2t + (e & 1), by that row's α (alpha[n][e & 1]), each kept by
 /// pv_accumulator (a mutant's hook).

@@ -7,11 +7,12 @@
 
 #include <cstdint>
 
+#include "batch_slots.hpp"
+#include "decode/batch_schedule.hpp"
 #include "decode/partition.hpp"
 #include "decode/pdl.cuh"
 #include "decode/softmax_state.cuh"
 #include "decode/view.cuh"
-#include "batch_slots.hpp"
 #include "device_status.cuh"
 #include "kvlayer/status.hpp"
 #include "mutants.cuh"
@@ -45,14 +46,17 @@ __host__ __device__ inline long long query_row_index(int r, int kv, int gqa, int
 }
 
 /// What a batch launch adds to one layer's: the batch's slots and active list (batch_slots.hpp)
-/// and each position's share of q, out and scratch. Block z = j·row_blocks + its row block for
-/// position j. list.slots null: one layer's launch.
+/// and each position's share of q, out and scratch. A scheduled launch (the batch's) takes its
+/// blocks' positions and splits from `schedule`, blockIdx.z being the row block; a positional
+/// one has block z = j·row_blocks + its row block for position j. list.slots null: one layer's
+/// launch.
 struct BatchParams {
   BatchList list;
-  int row_blocks;                  ///< blockIdx.z values per position
+  int row_blocks;                  ///< row blocks per position
   bool windowed;                   ///< views from len_d and base_d (_dcw); else len_d, base 0 (_dc)
   long long q_stride, out_stride;  ///< floats of q and out per position
   long long scratch_stride;        ///< bytes of scratch per position
+  BatchSchedule schedule;          ///< n_items null: positional
 };
 
 struct SplitParams {
@@ -100,12 +104,12 @@ __device__ __forceinline__ ViewParams batch_view(ViewParams view, const BatchPar
   return view;
 }
 
-/// A batch launch's block: position j = z / row_blocks of the active list, its sequence's slot,
-/// and the position's q and scratch.
-__device__ __forceinline__ SequenceWork sequence_work(const SplitParams& p, MutantSite site) {
+/// Position j of a batch launch's active list: its sequence's slot, and the position's q and
+/// scratch.
+__device__ __forceinline__ SequenceWork sequence_work(const SplitParams& p, int j,
+                                                      MutantSite site) {
   SequenceWork w{p.view, p.k_plane, p.v_plane, p.q, p.scratch, p.status, true};
   const BatchParams& b = p.batch;
-  const int j = int(blockIdx.z) / b.row_blocks;
   if (j >= *b.list.n_active) {
     w.present = false;
     return w;
@@ -148,19 +152,37 @@ struct SplitRange {
 /// to do, so that the working blocks are the first ones the GPU places, spread evenly over the
 /// SMs, and blocks placed together read the same keys of neighbouring KV heads, i.e.
 /// neighbouring bytes of the same token rows (faster at long views than splits of one head
-/// placed together; bench/NOTES.md). An active split with no keys (a planted mutant's) writes
-/// the empty partial (m = sentinel, l = 0, o = 0). tile_keys is the kernel's partition granule
-/// (decode_keys_per_split); site names the kernel (mutant reach). The range hands the kernel
-/// every base it reads or writes: no kernel computes a pointer from the launch's parameters.
+/// placed together; bench/NOTES.md). A scheduled batch block takes (KV head, item) the same way
+/// and its item's position, split and keys per split from the launch's schedule
+/// (batch_schedule.hpp), which also recorded the views in error (they have no items). An active
+/// split with no keys (a planted mutant's) writes the empty partial (m = sentinel, l = 0,
+/// o = 0). tile_keys is the kernel's partition granule (split_granule); site names the kernel
+/// (mutant reach). The range hands the kernel every base it reads or writes: no kernel computes
+/// a pointer from the launch's parameters.
 template <bool kBatch = false>
 __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int tile_keys,
                                          MutantSite site) {
   allow_merge_launch();
   SplitRange r{};
+  // The linear index of the block among the (KV head, split or item) blocks of its row block.
+  const unsigned index = blockIdx.x + gridDim.x * blockIdx.y;
+  // A scheduled batch block: its item (index / n_kv), the item's position and split, and the
+  // position's keys per split (plan_batch_splits).
+  const bool scheduled = kBatch && p.batch.schedule.n_items != nullptr;
+  unsigned item_split = 0, item_kps = 0;
   // One layer's launch reads its own parameters (w stays unused).
   SequenceWork w{};
   if constexpr (kBatch) {
-    w = sequence_work(p, site);
+    int j = int(blockIdx.z) / p.batch.row_blocks;
+    if (scheduled) {
+      const BatchSchedule& sch = p.batch.schedule;
+      const int item = static_cast<int>(index / gridDim.y);
+      if (item >= *sch.n_items) return r;
+      j = sch.item_position[item];
+      item_split = static_cast<unsigned>(item - sch.first_item[j]);
+      item_kps = static_cast<unsigned>(sch.keys_per_split[j]);
+    }
+    w = sequence_work(p, j, site);
     if (!w.present) return r;
   }
   const ViewParams& view_params = kBatch ? w.view : p.view;
@@ -179,22 +201,25 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   }
   const View view = resolve_view(view_params, site);
   if (view.error) {
-    if (blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
-      record_device_error(kBatch ? w.status : p.status, int(DeviceErrorKind::decode_view_too_long), view.len, view.base,
-                          view.limit);
+    // A scheduled launch's views in error have no items (plan_batch_splits recorded them).
+    if (!scheduled && blockIdx.x == 0 && blockIdx.y == 0 && tid == 0)
+      record_device_error(kBatch ? w.status : p.status, int(DeviceErrorKind::decode_view_too_long),
+                          view.len, view.base, view.limit);
     return r;
   }
   const long long n = view.end - view.begin;
   if (n <= 0) return r;  // the merge writes the all-zero output
   // 32-bit: n ≤ 2^31 − 1 (the view checks), and 64-bit divisions sit on the critical path.
-  const auto kps =
-      static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance));
-  const unsigned active = (static_cast<unsigned>(n) + kps - 1) / kps;  // ≤ n_splits
-  const unsigned index = blockIdx.x + gridDim.x * blockIdx.y;
-  if (index >= active * gridDim.y) return r;  // not needed by this view
+  unsigned kps = item_kps, split = item_split;
+  if (!scheduled) {
+    kps = static_cast<unsigned>(decode_keys_per_split(n, p.n_splits, tile_keys, p.split_balance));
+    const unsigned active = (static_cast<unsigned>(n) + kps - 1) / kps;  // ≤ n_splits
+    if (index >= active * gridDim.y) return r;                           // not needed by this view
+    split = index / gridDim.y;
+  }
   r.kv = static_cast<int>(index % gridDim.y);
-  const unsigned split = index / gridDim.y;
-  const Scratch scratch = scratch_layout(kBatch ? w.scratch : p.scratch, gridDim.y, p.n_splits, rows, head_dim);
+  const Scratch scratch =
+      scratch_layout(kBatch ? w.scratch : p.scratch, gridDim.y, p.n_splits, rows, head_dim);
   const long long part = (long long)r.kv * p.n_splits + split;  // partial index
   r.o = scratch.o + (part * rows + r.row0) * head_dim;
   r.m = scratch.m + part * rows + r.row0;
@@ -218,12 +243,11 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
   return r;
 }
 
-/// The last step of a tensor-core split block (decode_mma.cu, decode_mma_direct.cu): merges its
-/// kWarps warps' online-softmax states into the split's partial, in f32, warps in order:
-/// m = max_w m_w, weight_w = softmax_rescale(m_w, m), l = Σ l_w·weight_w, o = Σ o_w·weight_w,
-/// for the block's r.nrows rows. m_s, l_s, w_s hold [warp][row] at row stride `heads`; o_s
-/// [warp][row] rows of `o_stride` floats. Call after a __syncthreads that made m_s, l_s and o_s
-/// visible.
+/// The last step of a tensor-core split block (decode_mma_staged.cu, decode_mma_direct.cu): merges
+/// its kWarps warps' online-softmax states into the split's partial, in f32, warps in order: m =
+/// max_w m_w, weight_w = softmax_rescale(m_w, m), l = Σ l_w·weight_w, o = Σ o_w·weight_w, for the
+/// block's r.nrows rows. m_s, l_s, w_s hold [warp][row] at row stride `heads`; o_s [warp][row] rows
+/// of `o_stride` floats. Call after a __syncthreads that made m_s, l_s and o_s visible.
 template <int kWarps, int kThreads>
 __device__ __forceinline__ void merge_warps_into_partial(const SplitRange& r, int head_dim,
                                                          int heads, const float* m_s,

@@ -81,7 +81,8 @@ class BatchSides {
     const Geometry& g = s_.geometry();
     const std::size_t per_q =
         std::size_t(t) * std::size_t(s_.n_q_heads()) * std::size_t(g.head_dim_k);
-    const AccumulationShape shape = system_->accumulation_shape(t);
+    const std::vector<AccumulationShape> shapes =
+        system_->accumulation_shapes(t, testing::batch_view_keys(model_, want, t));
     for (std::size_t j = 0; j < want.size(); ++j) {
       const int sequence = model_.active()[j];
       Sides::Expectation x{
@@ -95,7 +96,7 @@ class BatchSides {
             ref::verify_views(g, layer.len_d(), g.window ? layer.base_d() : 0, t);
         const std::span<const float> qj = std::span<const float>(q).subspan(j * per_q, per_q);
         for (const ref::DecodeBound& b :
-             ref::decode_rows_bound(layer, qj, s_.n_q_heads(), std::nullopt, views, shape))
+             ref::decode_rows_bound(layer, qj, s_.n_q_heads(), std::nullopt, views, shapes.at(j)))
           x.bound.append(b);
       }
       xs.push_back(std::move(x));

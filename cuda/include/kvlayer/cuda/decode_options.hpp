@@ -24,6 +24,9 @@ struct DecodeOptions {
   /// The default split balance: a view of n keys takes splits of at least 2·⌊√n⌋ keys.
   static constexpr int kDefaultSplitBalance = 2;
   static constexpr int kMaxSplitBalance = 64;
+  /// The default batch schedule: split blocks of about Σ keys / (8 · resident blocks) keys.
+  static constexpr int kDefaultBatchWaves = 8;
+  static constexpr int kMaxBatchWaves = 64;
 
   Kernel kernel = Kernel::mma;
   Rows rows = Rows::automatic;
@@ -34,12 +37,17 @@ struct DecodeOptions {
   /// Verify decodes (T ≥ 2): at most this many splits along the keys (0: as many as fill the
   /// device), so that a split holds many tiles even at short views.
   int max_verify_splits = 0;
+  /// Batch decodes (SPEC §12): the launch cuts its sequences' views into blocks of one length,
+  /// about Σ keys / (batch_waves · resident split blocks), in [1, 64]: more waves, shorter
+  /// blocks (each sequence at most the plan's splits, a view at least split_balance·⌊√Σ⌋ keys
+  /// per block).
+  int batch_waves = kDefaultBatchWaves;
 
   bool operator==(const DecodeOptions&) const = default;
 
   /// The defaults, overridden by KVLAYER_DECODE_KERNEL (mma, cuda_core), KVLAYER_DECODE_ROWS
-  /// (auto, split, whole) and KVLAYER_SPLIT_BALANCE (0..64). Throws kvlayer::Error (refused)
-  /// naming the variable and the supported values for any other value.
+  /// (auto, split, whole), KVLAYER_SPLIT_BALANCE (0..64) and KVLAYER_BATCH_WAVES (1..64). Throws
+  /// kvlayer::Error (refused) naming the variable and the supported values for any other value.
   static DecodeOptions from_environment();
 };
 

@@ -77,9 +77,14 @@ class KvBatch {
   void decode_rows_dcw(const float* q, float* out, int T,
                        std::optional<float> scale = std::nullopt);
 
-  /// Each output row's accumulation shape, as the layers': a batch decode (T = 1) runs the
-  /// decode's plan, a verify its own (for the bound, kvlayer/accuracy.hpp).
-  kvlayer::AccumulationShape accumulation_shape(int T) const;
+  /// Each position's accumulation shape (for its bound, kvlayer/accuracy.hpp) in a launch over
+  /// a list whose views hold view_keys keys, in list order (a verify's: the union of its T rows'
+  /// views; 0 for an empty view or one in error): a batch launch cuts its views by a schedule
+  /// made at each launch from all the active views, which this computes as the device does. The
+  /// list need not be the one active now (a captured chain's earlier replays had their own).
+  /// Refused: T outside [1, max_verify], more than max_batch entries.
+  std::vector<kvlayer::AccumulationShape> accumulation_shapes(
+      int T, std::span<const std::int64_t> view_keys) const;
 
  private:
   struct State;

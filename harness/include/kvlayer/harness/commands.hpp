@@ -328,6 +328,7 @@ struct DecodeChoice {
   std::optional<Rows> rows;
   std::optional<int> split_balance;  ///< 0 … 64
   int max_verify_splits = 0;         ///< 0: no cap
+  std::optional<int> batch_waves;    ///< 1 … 64 (a batch decode's schedule)
   bool operator==(const DecodeChoice&) const = default;
 };
 

@@ -1,5 +1,6 @@
 // The system under test, seen by the harness through host types only: the CUDA KvLayer is
-// adapted to this interface in cuda_system.hpp (kvlayer_harness_cuda), so the harness itself builds without CUDA.
+// adapted to this interface in cuda_system.hpp (kvlayer_harness_cuda), so the harness itself builds
+// without CUDA.
 #pragma once
 
 #include <cstdint>
@@ -49,16 +50,19 @@ class BatchSystem {
   /// Captures one step (append of one row per active sequence → inc_seqlen(1) → decode) once,
   /// then per round r: set_active(lists[r]), reserve(1) on each listed sequence, the round's
   /// rows and queries written into the captured buffers (position-major, lists[r].size() of
-  /// each), one replay, account_steps(1) on each listed sequence. Returns each round's output (max_batch positions, poisoned
-  /// before each replay).
+  /// each), one replay, account_steps(1) on each listed sequence. Returns each round's output
+  /// (max_batch positions, poisoned before each replay).
   virtual std::vector<std::vector<float>> graph_chain(
       const std::vector<std::vector<int>>& lists, const std::vector<HostRows>& rows,
       const std::vector<std::vector<float>>& queries, bool windowed,
       std::optional<float> scale) = 0;
   /// Sequence i's whole state (synchronizes).
   virtual Snapshot snapshot(int sequence) = 0;
-  /// The accumulation shape of a batch decode of T queries (every output row's bound).
-  virtual kvlayer::AccumulationShape accumulation_shape(int t) = 0;
+  /// The accumulation shape of each position's rows in a batch decode of T queries over a list
+  /// whose views hold view_keys keys (list order), whichever list is active now (a chain's
+  /// earlier replays had their own; cuda::KvBatch::accumulation_shapes).
+  virtual std::vector<kvlayer::AccumulationShape> accumulation_shapes(
+      int t, std::span<const std::int64_t> view_keys) = 0;
 };
 
 /// A layer implementation driven by the harness. Every call throws kvlayer::Error exactly where

@@ -29,6 +29,8 @@
 // smallest relative output error β (got → got + β·õ, the worse of its two signs) that would
 // have failed the launch's bound somewhere, and the smallest that would have reached |z| ≥ 5
 // along õ (closed form: z(β)² = (A + βB)² / (C + 2βD + β²E) from five sums of the launch).
+// Against the per-element envelope (DecodeBound::envelope): the largest ratio, and each
+// launch's energy mean((r/envelope)²) with the β that quadruples it (three sums).
 #pragma once
 
 #include <array>
@@ -93,11 +95,25 @@ class SystematicCheck {
   double current_envelope_resolution() const;
   /// Over the launches: that resolution at percentile q (as bound_resolution).
   double envelope_resolution(double q) const;
+  /// The launch's energy (report only): the mean of (|GPU − õ|/envelope)² over its elements
+  /// with an envelope. Rounding errors average into it; a systematic error β·õ adds
+  /// β²·mean((õ/envelope)²) to it whatever its sign, so it is the aggregated check the
+  /// per-element envelope cannot be. Its clean level per kernel path is what a declared
+  /// threshold would need (issue #34).
+  double current_energy() const;
+  /// For the launch in progress: the smallest relative output error β (worse sign) that would
+  /// have raised its energy to 4× (its RMS to 2×) its clean value (+inf: no element).
+  double current_energy_resolution() const;
+  /// Over the launches: the energy and that resolution at percentile q (upper bin edges).
+  double energy(double q) const;
+  double energy_resolution(double q) const;
+  double max_energy() const { return max_energy_; }
   /// "systematic check (report only): L launches of >= 64 elements (E elements, S smaller
   /// launches left out); |z| along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5);
   /// smallest relative output error caught per launch: bound p50 … p90 …, statistic p50 … p90 …;
   /// envelope: max |GPU − õ|/envelope …, elements ≥ 2: …, ≥ 4: …, ≥ 8: … of E; 8 envelopes
-  /// reached per launch by a relative error of p50 … p90 …"
+  /// reached per launch by a relative error of p50 … p90 …; energy per launch p50 … p99 … max
+  /// …, 4x reached by p50 … p90 …"
   /// With a kernel path ("verify d128"), the line names it: "systematic check [verify d128] …".
   std::string summary(const std::string& path = "") const;
 
@@ -125,6 +141,13 @@ class SystematicCheck {
   std::vector<std::int64_t> envelope_histogram_ = std::vector<std::int64_t>(kResolutionBins, 0);
   std::array<std::int64_t, 3> envelope_counts_{};
   double max_envelope_ratio_ = 0;
+  // The energy of the launch in progress, in units of the envelope (ρ = r/env, κ = õ/env):
+  // Σ ρ², Σ ρκ, Σ κ² over its envelope_in_launch_ elements.
+  double energy_rr_ = 0, energy_rk_ = 0, energy_kk_ = 0;
+  std::vector<std::int64_t> energy_histogram_ = std::vector<std::int64_t>(kResolutionBins, 0),
+                            energy_resolution_histogram_ =
+                                std::vector<std::int64_t>(kResolutionBins, 0);
+  double max_energy_ = 0;
   std::int64_t launches_ = 0, elements_ = 0, small_launches_ = 0;
   std::array<double, kSignatures> max_abs_z_{};
   std::array<std::int64_t, kSignatures> alarms_{};

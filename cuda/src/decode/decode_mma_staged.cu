@@ -150,8 +150,8 @@ __device__ __forceinline__ void pv_tile_f32(float (&o)[4 * NB][kC], const float 
 #pragma unroll
           for (int r = 0; r < R; ++r)
             if (attends(r, k))
-              o[4 * b + jj][2 * r + e] =
-                  pv_accumulator(fmaf(pk[r], v, o[4 * b + jj][2 * r + e]), MutantSite::decode_mma);
+              o[4 * b + jj][2 * r + e] = pv_accumulator(fmaf(pk[r], v, o[4 * b + jj][2 * r + e]),
+                                                        MutantSite::decode_mma_staged);
         }
       // NOTE: keeps the next block's loads from being hoisted here: on this rare path,
       // registers matter more than latency (the hot loop around it must not spill).
@@ -200,8 +200,11 @@ struct ChunkWalk {
 /// are padding and skipped; else 16). kRows: a verify decode (SPEC §11): the block's row r is
 /// query r / gqa, which attends only the keys of its own causal window.
 template <int D, int GM, bool kRows, bool kBatch>
-__global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
-    decode_split_mma_kernel(const SplitParams p) {
+__global__ void __launch_bounds__(
+    kThreads, split_blocks_per_sm(kRows ? SplitKernel::mma_verify_staged : SplitKernel::mma_staged,
+                                  D, GM)) decode_split_mma_kernel(const SplitParams p) {
+  static_assert(split_instance_built(
+      kRows ? SplitKernel::mma_verify_staged : SplitKernel::mma_staged, D, GM));
   using S = MmaShape<D>;
   constexpr int NB = S::kBlocks;
   constexpr int NT = D / 8;  // PV n-tiles
@@ -214,7 +217,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
   const int G = p.gqa;
 
-  const SplitRange range = begin_split<kBatch>(p, D, kDecodeMmaTileKeys, MutantSite::decode_mma);
+  const SplitRange range = begin_split<kBatch>(p, D, split_granule(SplitKernel::mma_staged, D),
+                                               MutantSite::decode_mma_staged);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
   const int kv = range.kv;
   const long long lo = range.lo, hi = range.hi;
@@ -241,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           for (int e = 0; e < 2; ++e) {
             const int quant = k_slot_quant(b & 1, ks, t, h, e);
             if (row < range.nrows)
-              x[e] = q_operand(q_row[32 * b + quant], p.scale, MutantSite::decode_mma);
+              x[e] = q_operand(q_row[32 * b + quant], p.scale, MutantSite::decode_mma_staged);
           }
           qa[b][ks][r] = pack_f16x2(x[0], x[1]);
         }
@@ -304,18 +308,17 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       row_hi[r] = 0;
       if (row < range.nrows) {
         const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
-        row_hi[r] = verify_row_end(pos, range.len, MutantSite::decode_mma);
+        row_hi[r] = verify_row_end(pos, range.len, MutantSite::decode_mma_staged);
         row_lo[r] = p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window,
-                                                         MutantSite::decode_mma)
+                                                         MutantSite::decode_mma_staged)
                                       : 0;
       }
     }
   }
-  float m_run[R], l_run[R];  // m identical in the 4 lanes of a row; l per lane (its keys)
+  SoftmaxState<R> state;  // m identical in the 4 lanes of a row; l per lane (its keys)
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    m_run[r] = kNegSentinel;
-    l_run[r] = 0.0f;
+    state.reset(r);
   }
   float o[NT][kC];
 #pragma unroll
@@ -399,8 +402,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
           if (attends(nt, e)) top = fmaxf(top, s[nt][2 * r + e]);
       top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 1));
       top = fmaxf(top, __shfl_xor_sync(kFullMask, top, 2));
-      const float m_new = fmaxf(m_run[r], top);
-      alpha[r] = softmax_rescale(m_run[r], m_new);
+      const float m_new = state.max_with(r, top);
+      alpha[r] = state.rescale_to(r, m_new);
       float sum = 0.0f;
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt)
@@ -410,17 +413,17 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
             pr[nt][2 * r + e] = softmax_weight(s[nt][2 * r + e], m_new);
             sum += pr[nt][2 * r + e];
           }
-      l_run[r] = l_run[r] * alpha[r] + sum;
-      m_run[r] = m_new;
+      state.advance(r, m_new, alpha[r], sum);
     }
     bool rescale = alpha[0] != 1.0f;
     if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
-    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0, MutantSite::decode_mma)) {
+    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0,
+                             MutantSite::decode_mma_staged)) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
         for (int e = 0; e < kC; ++e)
-          o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma);
+          o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma_staged);
     }
 
     // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
@@ -460,7 +463,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
       pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [&](int r, int k) {
         return key0 + k >= row_lo[r] && key0 + k < row_hi[r];
       });
-    } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma)) {
+    } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide),
+                                       MutantSite::decode_mma_staged)) {
       pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [](int, int) { return true; });
     } else {
 // ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
@@ -492,7 +496,7 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
             mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
           else
             mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
-          pv_accumulators(o[4 * b + jj], MutantSite::decode_mma);
+          pv_accumulators(o[4 * b + jj], MutantSite::decode_mma_staged);
         }
       }
     }
@@ -502,8 +506,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   // ---- Merge the 4 warps into the split's partial (shared memory reuses the stages). ----
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    l_run[r] += __shfl_xor_sync(kFullMask, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(kFullMask, l_run[r], 2);
+    state.l[r] += __shfl_xor_sync(kFullMask, state.l[r], 1);
+    state.l[r] += __shfl_xor_sync(kFullMask, state.l[r], 2);
   }
   __syncthreads();                              // every warp is done with its stages
   float* m_s = reinterpret_cast<float*>(smem);  // [warp][16]
@@ -513,8 +517,8 @@ __global__ void __launch_bounds__(kThreads, decode_mma_blocks_per_sm(D, GM))
   if (t == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      m_s[warp * 16 + g + 8 * r] = m_run[r];
-      l_s[warp * 16 + g + 8 * r] = l_run[r];
+      m_s[warp * 16 + g + 8 * r] = state.m[r];
+      l_s[warp * 16 + g + 8 * r] = state.l[r];
     }
   }
 #pragma unroll
@@ -558,7 +562,7 @@ cudaError_t launch_instance(const SplitParams& sp, dim3 grid, cudaStream_t strea
 template <int D, int GM, bool kRows = false>
 cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
   return sp.batch.list.slots != nullptr ? launch_instance<D, GM, kRows, true>(sp, grid, stream)
-                                   : launch_instance<D, GM, kRows, false>(sp, grid, stream);
+                                        : launch_instance<D, GM, kRows, false>(sp, grid, stream);
 }
 
 /// Resident blocks per SM of decode_split_mma_kernel<D, GM> as launch() configures it.
@@ -605,5 +609,5 @@ cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks
 
 namespace kvlayer::cuda::detail {
 
-KVLAYER_DEFINE_MUTANT_UNIT(decode_mma)
+KVLAYER_DEFINE_MUTANT_UNIT(decode_mma_staged)
 }  // namespace kvlayer::cuda::detail
