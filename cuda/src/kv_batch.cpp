@@ -30,8 +30,7 @@ struct KvBatch::State {
   DeviceBuffer active;      ///< int32[max_batch]
   DeviceBuffer n_active;    ///< int32
   DeviceBuffer scratch;     ///< max_batch · batch_scratch_stride(plan)
-  /// A decode's schedule (detail::BatchSchedule): int32 splits, keys_per_split, first_item
-  /// [max_batch] each, item_position[batch_max_items], n_items.
+  /// A decode's schedule: int32[BatchSchedule::words], laid out by BatchSchedule::in.
   DeviceBuffer schedule;
   std::vector<int> active_host;
   bool list_written = false;  ///< set_active has written the device list (a mutant's state)
@@ -39,10 +38,8 @@ struct KvBatch::State {
   const KvLayer::State& first() const { return *layers.front().s_; }
   int max_batch() const { return int(layers.size()); }
   detail::BatchSchedule batch_schedule() const {
-    auto* base = schedule.as<std::int32_t>();
-    const std::size_t b = std::size_t(max_batch());
-    const std::size_t items = std::size_t(detail::batch_max_items(plan, max_batch()));
-    return detail::BatchSchedule{base, base + b, base + 2 * b, base + 3 * b, base + 3 * b + items};
+    return detail::BatchSchedule::in(schedule.as<std::int32_t>(), std::size_t(max_batch()),
+                                     std::size_t(detail::batch_max_items(plan, max_batch())));
   }
   detail::BatchList list() const {
     return detail::BatchList{slots.as<detail::SequenceSlot>(), active.as<std::int32_t>(),
@@ -158,7 +155,8 @@ KvBatch::KvBatch(const Geometry& geometry, int n_q_heads, int max_batch, cudaStr
   s.n_active = DeviceBuffer(sizeof(std::int32_t));
   s.scratch = DeviceBuffer(std::size_t(max_batch) * detail::batch_scratch_stride(s.plan));
   s.schedule = DeviceBuffer(
-      (3 * std::size_t(max_batch) + std::size_t(detail::batch_max_items(s.plan, max_batch)) + 1) *
+      detail::BatchSchedule::words(std::size_t(max_batch),
+                                   std::size_t(detail::batch_max_items(s.plan, max_batch))) *
       sizeof(std::int32_t));
   KVLAYER_CUDA_TRY(cudaMemcpyAsync(s.slots.get(), slots.data(), s.slots.bytes(),
                                    cudaMemcpyHostToDevice, stream));

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 
 #include "partition.hpp"
@@ -23,6 +24,15 @@ struct BatchSchedule {
   std::int32_t* first_item = nullptr;      ///< [max_batch]
   std::int32_t* item_position = nullptr;   ///< [max_items]
   std::int32_t* n_items = nullptr;         ///< [1]
+
+  /// The schedule's one int32 buffer holds the arrays above in their order.
+  static std::size_t words(std::size_t max_batch, std::size_t max_items) {
+    return 3 * max_batch + max_items + 1;
+  }
+  static BatchSchedule in(std::int32_t* base, std::size_t max_batch, std::size_t max_items) {
+    return BatchSchedule{base, base + max_batch, base + 2 * max_batch, base + 3 * max_batch,
+                         base + 3 * max_batch + max_items};
+  }
 };
 
 /// The launch's block length: chunk = max(⌈Σ n / items⌉, balance·⌊√Σ n⌋, granule), rounded up

@@ -42,10 +42,9 @@
 // blocks per SM. Its warps instead keep a ring of BulkRing::kStages tiles in shared memory: lane 0
 // copies a whole tile as one tensor-map box per plane (the copy engine; rows of 272 and 192
 // bytes, 16-byte aligned) and the warp reads the tile back in load_tile's register layout once
-// its mbarrier has counted the bytes. Measured: −8% at 64K–128K keys (bench/NOTES.md, session 13).
-// At head dim 128 the ring lost: 14–19% with boxes, 60% with per-row copies, and still 5–13% for
-// one KV head, whose tiles are contiguous runs (two copies per tile): there one tile of operands
-// in registers is cheaper than the ring's shared-memory round trip (sessions 13 and 14).
+// its mbarrier has counted the bytes. At head dim 128 one tile of operands in registers is
+// cheaper than the ring's shared-memory round trip, so those instances load directly
+// (bench/NOTES.md has the measurements of both).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
@@ -130,7 +129,7 @@ static_assert(k_pairs_cover_blocks());
 struct BulkRing {
   static constexpr int kKBytes = k_head_bytes(256), kVBytes = v_head_bytes(256);
   static constexpr int kStageBytes = kDecodeMmaWarpKeys * (kKBytes + kVBytes);
-  /// 2, measured best (bench/NOTES.md, session 13: 3 stages +2% at 128K, 4 more).
+  /// 2: more stages only add latency hiding the copy engine does not need (bench/NOTES.md).
   static constexpr int kStages = 2;
   static constexpr int kBytes = kWarps * kStages * kStageBytes;
   static constexpr unsigned kTx = kDecodeMmaWarpKeys * (kKBytes + kVBytes);
@@ -205,14 +204,14 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
   constexpr int kMTiles = 8 * kSlices;  // PV m-tiles of 16 dims (8 per slice)
   constexpr int kOStride = kD + 4;      // merge staging row (floats)
   // NOTE: q̃ stays in registers at head dim 256 too (238 at its 255 cap): the bulk ring holds the
-  // next tile, so only one tile of operands is live. Measured: −3.5% at 64K–128K keys against q̃
-  // in shared memory, +2–3% at 4K (bench/NOTES.md, session 13).
+  // next tile, so only one tile of operands is live, and q̃ in shared memory would add a load to
+  // every score mma.
   __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
   static_assert(!kBulk || kD == 256);
   using Ring = BulkRing;
   // Bulk: the merge staging reuses the ring once every warp is done with it.
-  // NOTE: indexed as this 3-D array: a flat float* moved ptxas's schedule of the direct
-  // instances (1–5% slower at every length, bench/NOTES.md, session 13).
+  // NOTE: indexed as this 3-D array: a flat float* moves ptxas's schedule of the direct
+  // instances and slows them (bench/NOTES.md).
   using OStage = float[kWarps][kHeads][kOStride];
   __shared__ __align__(16) float o_static[kBulk ? 1 : kWarps][kHeads][kOStride];
   extern __shared__ __align__(128) std::uint8_t ring[];
@@ -233,7 +232,7 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
 
   // Bulk: the first kStages tiles' copies go out before q̃ is built (they hold no registers).
   // The register-direct instances keep their own (later) definitions of the tile range, so that
-  // their code stays as measured (their SASS is unchanged by the bulk path).
+  // the bulk path leaves their SASS unchanged.
   const long long lo_b = range.lo, hi_b = range.hi;
   auto stage_of = [&](int s) { return ring + (warp * Ring::kStages + s) * Ring::kStageBytes; };
   // Issues the copies of this warp's i-th tile into stage s: a whole tile as one box per plane
@@ -637,9 +636,8 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
   };
 
   // Double-buffered registers: tile i + 1's loads are in flight while tile i computes.
-  // NOTE: a shared-memory pipeline (lane-private cp.async stages, 2 tiles ahead, 4 blocks per
-  // SM) measured 160 µs against this version's 102–110 µs at 128K keys, and an L2 bulk prefetch
-  // two tiles ahead 141 µs (bench/NOTES.md).
+  // Registers rather than a shared-memory pipeline or an L2 prefetch: both were slower at long
+  // views (bench/NOTES.md).
   if constexpr (kBulk) {
     TileRegs<kSlices> r;
     int s = 0;

@@ -15,12 +15,12 @@
 //      accumulation, pv_mma_steps = (keys per split / tile) · verify_warp_mtiles.
 //  (4) the block merges the warps that share a row (key groups, in order) in f32.
 //
-// ---- Why this kernel (bench/NOTES.md, session 9) -----------------------------------------
+// ---- Why this kernel ----------------------------------------------------------------------
 // A decode is bound by turning q8_0 / q5_1 bytes into fp16 operands, not by its mma. The
-// verify kernel of decode_mma_staged.cu repeats that work for every 16 query rows, so T = 8 (64
-// rows) cost 7.5× the decode. Here the block converts each tile once, into fp16 in shared memory,
-// and every warp reads its operands from there with ldmatrix: conversion is paid once per key
-// for all T·gqa rows, and only ldmatrix, mma and the softmax grow with T.
+// verify kernel of decode_mma_staged.cu repeats that work for every 16 query rows. Here the block
+// converts each tile once, into fp16 in shared memory, and every warp reads its operands from there
+// with ldmatrix: conversion is paid once per key for all T·gqa rows, and only ldmatrix, mma and the
+// softmax grow with T.
 //  - Keys are the mma's M, query rows its N: S^T[16 keys × 8 rows] = K·q̃^T (A = K quants by
 //    ldmatrix, B = q̃ held in registers for the split), O^T[dims × rows] = V^T·P^T (A = V by
 //    ldmatrix.trans, B = the transpose (movmatrix) of p's C fragment), as decode_mma_direct.cu.
@@ -60,8 +60,8 @@ constexpr int kWarps = kDecodeMmaWarps;
 constexpr int kThreads = 32 * kWarps;
 static_assert(kThreads == kDecodeThreads);
 
-/// Raw stages: tile i + 1 is copied while tile i is converted and computed (a third stage
-/// measured no faster, bench/NOTES.md).
+/// Raw stages: tile i + 1 is copied while tile i is converted and computed (the conversion,
+/// not the copy, is the long pole, so a third stage buys nothing).
 constexpr int kVerifyStages = 2;
 
 /// Compile-time layout of one head dim. Shared memory (bytes): raw stages [kVerifyStages] (K

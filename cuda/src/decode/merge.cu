@@ -116,8 +116,7 @@ __global__ void __launch_bounds__(kMergeThreads) decode_merge_kernel(const Merge
     if (tid < kMergeCols) {
       const int chunk = min(kMergeChunk, active - i0);
       // NOTE: unrolled so that the shared-memory loads of 8 splits are in flight at once; the two
-      // fmaf chains stay in split order. Rolled, every step waited for its loads: 256 splits took
-      // ~7.8 µs (ncu, bench/NOTES.md).
+      // fmaf chains stay in split order. Rolled, every step waits for its loads.
 #pragma unroll 8
       for (int j = 0; j < chunk; ++j) {
         num = fmaf(o_s[j][tid], w_s[i0 + j], num);

@@ -70,8 +70,8 @@ __host__ __device__ constexpr int decode_tile_keys(int head_dim) {
 
 /// ⌊√n⌋ for n < 2^32: the f32 root is within one of it (f32 keeps 24 bits of n), and the
 /// integer correction makes it exact, so that host and device agree bit for bit.
-/// NOTE: on the split and merge kernels' critical path before their first load: a bitwise
-/// 64-bit loop here cost ~1.1 µs per decode (bench/NOTES.md, session 12).
+/// NOTE: on the split and merge kernels' critical path before their first load, hence no
+/// bitwise 64-bit loop.
 __host__ __device__ inline std::uint32_t isqrt(std::uint32_t n) {
   std::uint32_t r = static_cast<std::uint32_t>(sqrtf(static_cast<float>(n)));
   if (std::uint64_t(r) * r > n)

@@ -76,8 +76,8 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   // gqa > 8 on tensor cores: one 16-row block per (KV head, split) at 2 per SM, unless the
   // longest view's splits fill less than 3/4 of those resident slots; then two blocks of ≤ 8
   // rows (row_chunks), at 3 per SM at head dim 128, the second reading the keys from L2.
-  // Measured (bench/NOTES.md, session 12): 1 × 128 gqa 16 (16 to 171 of 264 slots) −1.2 µs at
-  // 1K to −0.7 µs at 128K; 8 × 128 gqa 16 at 4K (256 of 264) +0.5 µs, at 128K +34%.
+  // Below 3/4 the extra blocks fill idle slots; above it they only add a second pass over the
+  // keys (bench/NOTES.md).
   // Only the direct kernel's instances take 8 of 16 rows (not the staged kernel of head dim 64).
   const bool rows_can_split = mma && gqa > 8 && head_dim != 64;
   const std::int64_t slots =
