@@ -1,15 +1,13 @@
 // The harness's snapshot and restore commands (SPEC §13) on the host: run on the reference
-// alone and against a System built on a second reference layer (RefSystem), which must agree
-// with the model command by command; then against systems that get one thing wrong, each of
-// which the command or the comparison after it must report. The CUDA layer's own restore
-// mutants (cuda/src/mutants.def) need the GPU: tools/mutants.
+// alone and against ReferenceSystem (a second reference layer behind the System interface),
+// which must agree with the model command by command; then against systems that get one thing
+// wrong, each of which the command or the comparison after it must report. The CUDA layer's own
+// restore mutants (cuda/src/mutants.def) need the GPU: tools/mutants.
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <iostream>
 #include <optional>
-#include <span>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,73 +15,11 @@
 #include "kvlayer/error.hpp"
 #include "kvlayer/harness/campaign.hpp"
 #include "kvlayer/harness/executor.hpp"
+#include "kvlayer/harness/reference_system.hpp"
 #include "kvlayer/snapshot.hpp"
 
 namespace kvlayer::harness {
 namespace {
-
-/// The System interface on a second reference layer: an honest system for the commands these
-/// tests run (no decodes).
-class RefSystem : public System {
- public:
-  explicit RefSystem(const Case& c) : case_(c), layer_(c.geometry, c.max_verify) {}
-  void append(const HostRows& r) override { layer_.append(r.view()); }
-  void append_dc(const HostRows& r, bool w) override {
-    w ? layer_.append_dcw(r.view()) : layer_.append_dc(r.view());
-  }
-  void inc_seqlen() override { layer_.inc_seqlen(); }
-  void append_rows_dc(const HostRows& r, bool w) override {
-    w ? layer_.append_rows_dcw(r.view()) : layer_.append_rows_dc(r.view());
-  }
-  void inc_seqlen(int t) override { layer_.inc_seqlen(t); }
-  void account_steps(std::int64_t k) override { layer_.account_steps(k); }
-  void reserve(std::int64_t k) override { layer_.reserve(k); }
-  void rewind(std::int64_t to) override { layer_.rewind(to); }
-  std::pair<std::int64_t, std::int64_t> physical_rows(std::int64_t s, std::int64_t e) override {
-    return layer_.physical_rows(s, e);
-  }
-  bool can_rewind_to(std::int64_t p) override { return layer_.can_rewind_to(p); }
-  std::vector<float> decode(DecodeVariant, std::span<const float>, std::optional<float>) override {
-    unused("decode");
-  }
-  std::vector<float> decode_rows(DecodeVariant, std::span<const float>, int,
-                                 std::optional<float>) override {
-    unused("decode_rows");
-  }
-  std::vector<std::vector<float>> verify_chain(const std::vector<HostRows>&,
-                                               const std::vector<std::vector<float>>&,
-                                               const std::vector<std::int64_t>&, int, bool,
-                                               std::optional<float>) override {
-    unused("verify_chain");
-  }
-  std::vector<std::vector<float>> graph_chain(const std::vector<HostRows>&,
-                                              const std::vector<std::vector<float>>&, bool,
-                                              std::optional<float>) override {
-    unused("graph_chain");
-  }
-  void clear_status() override { layer_.clear_status(); }
-  Snapshot snapshot() override { return testing::snapshot(layer_); }
-  kvlayer::AccumulationShape accumulation_shape(DecodeVariant) override {
-    unused("accumulation_shape");
-  }
-  kvlayer::AccumulationShape verify_accumulation_shape(int) override {
-    unused("verify_accumulation_shape");
-  }
-  kvlayer::Snapshot take_snapshot() override { return layer_.snapshot(); }
-  void restore(const kvlayer::Snapshot& s) override { layer_.restore(s); }
-  void restore_into_fresh(const kvlayer::Snapshot& s) override {
-    ref::KvLayer fresh(case_.geometry, case_.max_verify);
-    fresh.restore(s);
-    layer_ = std::move(fresh);
-  }
-
- protected:
-  [[noreturn]] static void unused(const char* call) {
-    throw std::logic_error(std::string(call) + " is not used by these tests");
-  }
-  Case case_;
-  ref::KvLayer layer_;
-};
 
 /// A ring (rows 82) and the commands that take it past a rebase to len 136, base 64, where a
 /// snapshot starts at row 96 (above base: the restore moves the rows to physical row 0).
@@ -113,12 +49,12 @@ void run_clean(Executor& ex, const Case& c) {
 
 /// The case continues on the restored layers: appends, a device-counter step, rewinds (one
 /// below the restored ring's first row, refused alike) and another snapshot, on the reference
-/// alone and against RefSystem.
+/// alone and against ReferenceSystem.
 TEST(SnapshotCommands, ARestoredRingContinuesTheCaseOnBothSides) {
   for (const bool with_system : {false, true}) {
-    SCOPED_TRACE(with_system ? "against RefSystem" : "reference alone");
+    SCOPED_TRACE(with_system ? "against ReferenceSystem" : "reference alone");
     Case c = ring_case();
-    RefSystem system(c);
+    ReferenceSystem system(c);
     Executor ex(c, with_system ? &system : nullptr);
     run_clean(ex, c);
     const Geometry& g = c.geometry;
@@ -163,7 +99,7 @@ TEST(SnapshotCommands, ARestoredRingContinuesTheCaseOnBothSides) {
 TEST(SnapshotCommands, RestoreIntoTheCurrentLayerIsRefusedUnlessItIsFresh) {
   Case c = ring_case();
   c.commands = {Restore{true}, Append{5, 1, DataKind::gaussian}, Restore{true}};
-  RefSystem system(c);
+  ReferenceSystem system(c);
   Executor ex(c, &system);
   ASSERT_FALSE(ex.step(c.commands[0]).has_value());
   EXPECT_EQ(ex.stats().refused, 0);
@@ -210,24 +146,24 @@ std::string first_difference(const Case& c, System& system) {
 
 /// Snapshots are compared field by field and byte for byte, and refused alike.
 TEST(SnapshotCommands, ASnapshotThatDiffersIsReported) {
-  struct FlipsAByte : RefSystem {
-    using RefSystem::RefSystem;
+  struct FlipsAByte : ReferenceSystem {
+    using ReferenceSystem::ReferenceSystem;
     kvlayer::Snapshot take_snapshot() override {
-      kvlayer::Snapshot s = layer_.snapshot();
-      s.k.at(std::size_t(3 * case_.geometry.k_tok_bytes() + 5)) ^= 0x10;
+      kvlayer::Snapshot s = ReferenceSystem::take_snapshot();
+      s.k.at(std::size_t(3 * geometry().k_tok_bytes() + 5)) ^= 0x10;
       return s;
     }
   };
-  struct WrongLen : RefSystem {
-    using RefSystem::RefSystem;
+  struct WrongLen : ReferenceSystem {
+    using ReferenceSystem::ReferenceSystem;
     kvlayer::Snapshot take_snapshot() override {
-      kvlayer::Snapshot s = layer_.snapshot();
+      kvlayer::Snapshot s = ReferenceSystem::take_snapshot();
       ++s.len;
       return s;
     }
   };
-  struct NeverRefuses : RefSystem {
-    using RefSystem::RefSystem;
+  struct NeverRefuses : ReferenceSystem {
+    using ReferenceSystem::ReferenceSystem;
     kvlayer::Snapshot take_snapshot() override { return {}; }
   };
   Case c = ring_case();
@@ -251,26 +187,26 @@ TEST(SnapshotCommands, ASnapshotThatDiffersIsReported) {
 /// A restore that goes wrong on the system is reported by the restore or by the comparison of
 /// the restored layers right after it.
 TEST(SnapshotCommands, AWrongRestoreIsReported) {
-  struct KeepsTheOldLayer : RefSystem {  // the restore never happened
-    using RefSystem::RefSystem;
+  struct KeepsTheOldLayer : ReferenceSystem {  // the restore never happened
+    using ReferenceSystem::ReferenceSystem;
     void restore_into_fresh(const kvlayer::Snapshot&) override {}
   };
-  struct RestoresIntoAUsedLayer : RefSystem {  // ignores the freshness rule
-    using RefSystem::RefSystem;
+  struct RestoresIntoAUsedLayer : ReferenceSystem {  // ignores the freshness rule
+    using ReferenceSystem::ReferenceSystem;
     void restore(const kvlayer::Snapshot& s) override { restore_into_fresh(s); }
   };
   // What the planted CUDA mutants (cuda/src/mutants.def, restore_*) read back after a restore.
   enum class ReadBack { base_d_zero, len_d_zero, rows_where_the_source_had_them };
-  struct MisreadsTheRestore : RefSystem {
-    MisreadsTheRestore(const Case& c, ReadBack how) : RefSystem(c), how_(how) {}
+  struct MisreadsTheRestore : ReferenceSystem {
+    MisreadsTheRestore(const Case& c, ReadBack how) : ReferenceSystem(c), how_(how) {}
     void restore_into_fresh(const kvlayer::Snapshot& s) override {
-      RefSystem::restore_into_fresh(s);
+      ReferenceSystem::restore_into_fresh(s);
       restored_from_ = s;
     }
     Snapshot snapshot() override {
-      Snapshot s = RefSystem::snapshot();
+      Snapshot s = ReferenceSystem::snapshot();
       if (!restored_from_) return s;
-      const Geometry& g = case_.geometry;
+      const Geometry& g = geometry();
       const auto shift = std::size_t(restored_from_->first - restored_from_->base);
       switch (how_) {
         case ReadBack::base_d_zero:
