@@ -312,6 +312,7 @@ Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::v
                                              std::optional<std::vector<double>> out) {
   const Geometry& g = geometry_;
   Expectation x{std::string(verify_variant_name(variant)), std::move(out), {}, {}};
+  x.size = std::size_t(t) * std::size_t(n_q_heads_) * std::size_t(g.head_dim_v);
   if (!x.out) return x;  // a device error: nothing may be written
   const bool host = variant == DecodeVariant::host;
   const std::int64_t len = host ? model_.len() : model_.len_d();
@@ -455,9 +456,11 @@ std::optional<std::string> Sides::check_replays(const char* unit,
            std::to_string(outputs.size()) + " " + units;
   for (std::size_t i = 0; i < expected.size(); ++i) {
     std::optional<std::string> d = check_decode(expected[i], outputs[i]);
+    if (!d && !eager.empty() && eager[i].size() != outputs[i].size())
+      d = expected[i].name + " eager output has " + std::to_string(eager[i].size()) +
+          " values, the replay " + std::to_string(outputs[i].size());
     for (std::size_t e = 0; !d && !eager.empty() && e < outputs[i].size(); ++e)
-      if (std::bit_cast<std::uint32_t>(outputs[i][e]) !=
-          std::bit_cast<std::uint32_t>(eager[i].at(e)))
+      if (std::bit_cast<std::uint32_t>(outputs[i][e]) != std::bit_cast<std::uint32_t>(eager[i][e]))
         d = expected[i].name + " output element " + std::to_string(e) + ": replayed " +
             std::to_string(outputs[i][e]) + " but eager " + std::to_string(eager[i][e]) +
             " on the same state (must be bit-identical)";
@@ -603,6 +606,7 @@ Sides::Expectation Sides::expect_decode(DecodeVariant variant, const std::vector
                                         std::optional<std::vector<double>> out) {
   const Geometry& g = geometry_;
   Expectation x{decode_variant_name(variant), std::move(out), {}, {}};
+  x.size = std::size_t(n_q_heads_) * std::size_t(g.head_dim_v);
   if (!x.out) return x;  // a device error: nothing may be written
   ref::DecodeView view;
   if (variant == DecodeVariant::host) {
@@ -630,6 +634,9 @@ Sides::Expectation Sides::expect_decode(DecodeVariant variant, const std::vector
 std::optional<std::string> Sides::check_decode(const Expectation& x,
                                                const std::vector<float>& actual) {
   const Geometry& g = geometry_;
+  if (actual.size() != x.size)
+    return x.name + " output has " + std::to_string(actual.size()) + " values, expected " +
+           std::to_string(x.size);
   if (!x.out) {  // the model recorded a device error: the system must have written nothing
     for (std::size_t i = 0; i < actual.size(); ++i)
       if (std::bit_cast<std::uint32_t>(actual[i]) != kPoisonBits)
@@ -637,24 +644,27 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
                " although the model recorded a device error";
     return std::nullopt;
   }
-  if (actual.size() != x.out->size())
-    return x.name + " output has " + std::to_string(actual.size()) + " values, expected " +
-           std::to_string(x.out->size());
   ref::SystematicCheck launch;  // this launch alone, then into the totals
   for (std::size_t i = 0; i < x.out->size(); ++i) {
     const double want = (*x.out)[i], got = actual[i];
-    std::ostringstream s;
-    s << x.name << " output [head " << i / std::size_t(g.head_dim_v) << ", "
-      << i % std::size_t(g.head_dim_v) << "]: system " << got << ", reference " << want;
+    // Written only for a difference: formatting every element costs more than comparing it.
+    const auto element = [&] {
+      std::ostringstream s;
+      s << x.name << " output [head " << i / std::size_t(g.head_dim_v) << ", "
+        << i % std::size_t(g.head_dim_v) << "]: system " << got << ", reference " << want;
+      return s.str();
+    };
     if (std::isnan(want)) {
-      if (!std::isnan(got)) return s.str() + " (the reference attended a bad block: NaN expected)";
+      if (!std::isnan(got))
+        return element() + " (the reference attended a bad block: NaN expected)";
       stats_.tightness.skip();
       continue;
     }
-    if (!std::isfinite(got)) return s.str() + " (not finite)";
+    if (!std::isfinite(got)) return element() + " (not finite)";
     const double err = std::fabs(got - want);
     if (err > x.bound.bound[i]) {
-      s << ", error " << err << " exceeds the derived bound " << x.bound.bound[i];
+      std::ostringstream s;
+      s << element() << ", error " << err << " exceeds the derived bound " << x.bound.bound[i];
       return s.str();
     }
     const double ratio = x.bound.bound[i] > 0 ? err / x.bound.bound[i] : 0;

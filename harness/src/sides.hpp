@@ -75,6 +75,8 @@ class Sides {
     std::optional<std::vector<double>> out;
     ref::DecodeBound bound;
     std::optional<std::string> self_check;  ///< reference-only: naive recomputation failed
+    /// The output's value count, which the system returns whether or not it may write them.
+    std::size_t size = 0;
   };
   /// What both() found: whether the model accepted the call, and the difference, if any.
   struct Outcome {

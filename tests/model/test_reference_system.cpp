@@ -317,6 +317,17 @@ struct WritesDespiteADeviceError : ReferenceSystem {
   }
 };
 
+/// Nothing returned where a decode that recorded a device error must return its poisoned output.
+struct ReturnsNothingOnADeviceError : ReferenceSystem {
+  using ReferenceSystem::ReferenceSystem;
+  std::vector<float> decode(DecodeVariant v, std::span<const float> q,
+                            std::optional<float> scale) override {
+    std::vector<float> out = ReferenceSystem::decode(v, q, scale);
+    if (all_poison(out)) out.clear();
+    return out;
+  }
+};
+
 /// Refusals of decodes, verifies and rewinds swallowed: the call returns as if accepted
 /// (outputs unwritten, nothing changed).
 struct SwallowsRefusals : ReferenceSystem {
@@ -353,6 +364,16 @@ struct EagerDiffersFromTheReplay : ReferenceSystem {
     auto eager = ReferenceSystem::last_chain_eager();
     if (!eager.empty() && !eager.back().empty())
       eager.back()[0] = std::bit_cast<float>(std::bit_cast<std::uint32_t>(eager.back()[0]) ^ 1u);
+    return eager;
+  }
+};
+
+/// A graph chain's eager decode one value short of its replay.
+struct EagerIsShort : ReferenceSystem {
+  using ReferenceSystem::ReferenceSystem;
+  std::vector<std::vector<float>> last_chain_eager() override {
+    auto eager = ReferenceSystem::last_chain_eager();
+    if (!eager.empty() && !eager.back().empty()) eager.back().pop_back();
     return eager;
   }
 };
@@ -507,8 +528,11 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
       {"a verify element left poisoned", make<LeavesAVerifyElementPoisoned>(), "(not finite)"},
       {"written despite a device error", make<WritesDespiteADeviceError>(),
        "although the model recorded a device error"},
+      {"nothing returned on a device error", make<ReturnsNothingOnADeviceError>(),
+       "output has 0 values"},
       {"refusals swallowed", make<SwallowsRefusals>(), "system accepted"},
       {"an eager decode one ulp off", make<EagerDiffersFromTheReplay>(), "(must be bit-identical)"},
+      {"an eager decode one value short", make<EagerIsShort>(), "eager output has"},
       {"a verify chain round unaccounted", make<VerifyChainSkipsAccountSteps>(), "counters differ"},
       {"an append's last byte unwritten", make<LeavesTheLastByteUnwritten>(), "K plane differs"},
       {"two batch positions swapped", make<WithBatch<SwapsTwoBatchPositions>>(), "position 0"},

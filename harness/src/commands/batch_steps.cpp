@@ -90,6 +90,7 @@ class BatchSides {
           want[j],
           {},
           {}};
+      x.size = std::size_t(t) * std::size_t(s_.n_q_heads()) * std::size_t(g.head_dim_v);
       if (x.out) {
         const ref::KvLayer& layer = model_.layer(sequence);
         const std::vector<ref::DecodeView> views =
