@@ -27,6 +27,7 @@
 # KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
 # (processes they are split over, default 8), KVLAYER_SANITIZE_SHARDS_<TOOL> (the same for one
 # tool), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
+# KVLAYER_MODEL_SHARDS (processes test_model_cuda's cases are split over, default 4; 1: one),
 # KVLAYER_SANITIZE_SEQUENTIAL=1 (the four tools one after another, for many shards),
 # KVLAYER_SANITIZE_MAX_SIZE_<TOOL> (commands in the largest model case under TOOL, default 60;
 # racecheck 40),
@@ -38,6 +39,7 @@ build=${1:-build-device}
 origin=${2:-}
 out=${OUT:-$PWD/device-check-out}
 test_timeout=${KVLAYER_TEST_TIMEOUT:-480}  # test_model_cuda's 200 cases: ~6 min with §11 commands
+model_shards=${KVLAYER_MODEL_SHARDS:-4}    # processes test_model_cuda's cases are split over
 sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-300}
 sanitize_cases=${KVLAYER_SANITIZE_GPU_CASES:-25}  # model-based cases under each sanitizer
 sanitize_shards=${KVLAYER_SANITIZE_SHARDS:-8}     # processes they are split over, per tool
@@ -171,6 +173,16 @@ fi
       "$b" --gtest_color=no --gtest_filter='-MultiGpu.*' &
     printf '%s|%s|%s\n' "multi-gpu tests" "NOT RUN ($gpus GPU$( ((gpus == 1)) || echo s) visible)" "0" \
       >"$results/multi-gpu_tests"
+    continue
+  fi
+  if [[ ${b##*/} == test_model_cuda ]] && ((model_shards > 1)); then
+    # Its 200 cases are mostly host work on one thread: beside the other steps one process
+    # outlasted the time limit. The shards together run exactly its cases (CampaignConfig::shard).
+    for ((shard = 0; shard < model_shards; ++shard)); do
+      run_step "test ${b##*/} shard $shard/$model_shards" "$work/logs/test_${b##*/}_$shard.log" \
+        "$test_timeout" env KVLAYER_GPU_SHARD=$shard KVLAYER_GPU_SHARDS=$model_shards \
+        "$b" --gtest_color=no &
+    done
     continue
   fi
   run_step "test ${b##*/}" "$work/logs/test_${b##*/}.log" "$test_timeout" \

@@ -94,12 +94,19 @@ CampaignResult run_campaign(const CampaignConfig& config) {
   // replay_path, after on_failure has seen it. Per process, so that parallel campaigns with
   // the same seed and folder do not mix their cases.
   const std::string scratch = replay_path + ".partial-" + std::to_string(::getpid());
-  constexpr std::int64_t kBatch = 25;
-  for (std::uint64_t batch = 0; result.cases < config.cases; ++batch) {
+  if (config.shards < 1 || config.shard < 0 || config.shard >= config.shards)
+    throw Error(ErrorKind::refused, "campaign shard " + std::to_string(config.shard) + " of " +
+                                        std::to_string(config.shards) +
+                                        ": the shard must be in [0, shards)");
+  // Batch b holds cases [b · kCampaignBatch, (b + 1) · kCampaignBatch) of the whole campaign.
+  const auto step = std::uint64_t(config.shards);
+  for (std::uint64_t batch = std::uint64_t(config.shard);
+       std::int64_t(batch) * kCampaignBatch < config.cases; batch += step) {
     if (config.minutes > 0 && elapsed_minutes() >= config.minutes) break;
     rc::detail::TestParams params;
     params.seed = config.seed * 1000003u + batch;
-    params.maxSuccess = int(std::min(kBatch, config.cases - result.cases));
+    params.maxSuccess =
+        int(std::min(kCampaignBatch, config.cases - std::int64_t(batch) * kCampaignBatch));
     params.maxSize = config.max_size;
     Stats batch_stats;
     std::int64_t batch_cases = 0;

@@ -13,8 +13,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "kvlayer/error.hpp"
 #include "kvlayer/harness/campaign.hpp"
@@ -185,6 +188,66 @@ TEST_F(Campaign, AReplayDirThatIsAFileIsRefused) {
     EXPECT_EQ(std::string(e.what()), "replay dir " + c.replay_dir + ": is not a directory");
   }
   EXPECT_EQ(systems_made_, 0);
+}
+
+/// What a reference-only campaign of `cases` (shard k of n) drew: each case as the system
+/// factory sees it (geometry, seed, plan; its commands are drawn as it runs), and the commands
+/// it ran by kind.
+struct Drawn {
+  std::vector<std::string> cases;
+  std::map<std::string, std::int64_t> commands;
+};
+Drawn drawn_cases(CampaignConfig c, std::int64_t cases, int shard, int shards) {
+  Drawn d;
+  c.cases = cases;
+  c.shard = shard;
+  c.shards = shards;
+  c.on_progress = nullptr;
+  c.make_system = [&d](const Case& k) -> std::unique_ptr<System> {
+    d.cases.push_back(to_json(k));
+    return nullptr;
+  };
+  const CampaignResult r = run_campaign(c);
+  EXPECT_TRUE(r.passed);
+  d.commands = r.stats.commands;
+  return d;
+}
+
+// device-check runs test_model_cuda as shards: together they must be the one run's cases.
+TEST_F(Campaign, ShardsTogetherDrawExactlyTheCasesOfOneCampaign) {
+  const CampaignConfig c = config(0);
+  const std::int64_t cases = 4 * kCampaignBatch + 7;  // a partial last batch too
+  Drawn whole = drawn_cases(c, cases, 0, 1);
+  ASSERT_EQ(std::int64_t(whole.cases.size()), cases);
+  Drawn shards;
+  for (int k = 0; k < 3; ++k) {
+    const Drawn part = drawn_cases(c, cases, k, 3);
+    EXPECT_FALSE(part.cases.empty()) << "shard " << k;
+    shards.cases.insert(shards.cases.end(), part.cases.begin(), part.cases.end());
+    for (const auto& [kind, n] : part.commands) shards.commands[kind] += n;
+  }
+  std::sort(whole.cases.begin(), whole.cases.end());
+  std::sort(shards.cases.begin(), shards.cases.end());
+  EXPECT_EQ(shards.cases, whole.cases);
+  EXPECT_EQ(shards.commands, whole.commands);
+}
+
+TEST_F(Campaign, AShardOutsideItsCountIsRefusedBeforeTheFirstCase) {
+  for (const auto& [shard, shards] : {std::pair{2, 2}, std::pair{-1, 2}, std::pair{0, 0}}) {
+    CampaignConfig c = config(0);
+    c.shard = shard;
+    c.shards = shards;
+    try {
+      run_campaign(c);
+      ADD_FAILURE() << "shard " << shard << " of " << shards << ": no error";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()), "campaign shard " + std::to_string(shard) + " of " +
+                                           std::to_string(shards) +
+                                           ": the shard must be in [0, shards)");
+      EXPECT_EQ(e.kind(), ErrorKind::refused);
+    }
+  }
+  EXPECT_EQ(systems_made_, 0) << "a case ran before the check";
 }
 
 TEST_F(Campaign, AFailureIsReportedBeforeItsReplayFileAndCountsWhatRan) {

@@ -27,11 +27,18 @@ struct HangReport {
   std::string replay_error;  ///< why not (empty: written)
 };
 
+/// Cases per rapidcheck batch of a campaign (each batch its own seed).
+inline constexpr std::int64_t kCampaignBatch = 25;
+
 struct CampaignConfig {
   std::uint64_t seed = 1;
   std::int64_t cases = 1000;  ///< stop after this many passing cases
   double minutes = 0;         ///< and/or after this long (0: no time limit)
   int max_size = 150;         ///< rapidcheck size: longest command sequences
+  /// Cases are drawn in batches of kCampaignBatch, batch b from its own seed; shard k of n runs
+  /// batches k, k + n, k + 2n, … of the `cases`, so that n processes with the same config and
+  /// shards 0 … n − 1 together run exactly the cases of one.
+  int shard = 0, shards = 1;
   DrawLimits limits;
   SystemFactory make_system;     ///< empty: reference only
   std::string replay_dir = ".";  ///< must be an existing, writable directory
