@@ -451,6 +451,21 @@ struct SwapsTwoBatchPositions : ListedBatch {
   }
 };
 
+/// Batch decodes and chains at the default scale whatever scale they are given.
+struct BatchIgnoresTheScale : ListedBatch {
+  using ListedBatch::ListedBatch;
+  std::vector<float> decode_rows_dc(std::span<const float> q, int t, bool w,
+                                    std::optional<float>) override {
+    return ForwardingBatch::decode_rows_dc(q, t, w, std::nullopt);
+  }
+  std::vector<std::vector<float>> graph_chain(const std::vector<std::vector<int>>& lists,
+                                              const std::vector<HostRows>& rows,
+                                              const std::vector<std::vector<float>>& queries,
+                                              bool w, std::optional<float>) override {
+    return ForwardingBatch::graph_chain(lists, rows, queries, w, std::nullopt);
+  }
+};
+
 /// A batch decode that writes the first position past the active list.
 struct WritesPastTheList : ListedBatch {
   using ListedBatch::ListedBatch;
@@ -538,6 +553,8 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
       {"two batch positions swapped", make<WithBatch<SwapsTwoBatchPositions>>(), "position 0"},
       {"a batch position past the list written", make<WithBatch<WritesPastTheList>>(),
        "is past the active list"},
+      {"a batch at the default scale whatever it is given", make<WithBatch<BatchIgnoresTheScale>>(),
+       "exceeds the derived bound"},
       {"a batch chain round unaccounted", make<WithBatch<BatchChainSkipsAccountSteps>>(),
        "after the batch chain"},
   };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <bit>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "draw.hpp"
@@ -74,7 +75,7 @@ class BatchSides {
   /// outputs): each within its sequence's bound over its own views, taken on the model's state
   /// now (the bound needs the system's launch shape: none without a system).
   std::vector<Sides::Expectation> expectations(
-      const std::string& what, const std::vector<float>& q, int t,
+      const std::string& what, const std::vector<float>& q, int t, std::optional<float> scale,
       const std::vector<std::optional<std::vector<double>>>& want) {
     std::vector<Sides::Expectation> xs;
     if (!system_) return xs;
@@ -97,7 +98,7 @@ class BatchSides {
             ref::verify_views(g, layer.len_d(), g.window ? layer.base_d() : 0, t);
         const std::span<const float> qj = std::span<const float>(q).subspan(j * per_q, per_q);
         for (const ref::DecodeBound& b :
-             ref::decode_rows_bound(layer, qj, s_.n_q_heads(), std::nullopt, views, shapes.at(j)))
+             ref::decode_rows_bound(layer, qj, s_.n_q_heads(), scale, views, shapes.at(j)))
           x.bound.append(b);
       }
       xs.push_back(std::move(x));
@@ -161,10 +162,12 @@ int BatchSteps::weight(const GenView& v) {
 }
 
 /// 1–8 sequences, up to 12 steps; a captured chain one time in three.
-BatchSteps BatchSteps::gen(const GenView&, Draw& d) {
+BatchSteps BatchSteps::gen(const GenView& v, Draw& d) {
   const std::int64_t sequences = d.in_range64(1, 9);
   const std::int64_t steps = d.in_range64(1, 13);
-  return BatchSteps{sequences, steps, d.seed(), d.in_range(0, 3) == 0};
+  const std::uint64_t seed = d.seed();
+  const bool chain = d.in_range(0, 3) == 0;
+  return BatchSteps{sequences, steps, seed, chain, draw_scale(v, d)};
 }
 
 /// The case's layer is left alone.
@@ -234,13 +237,13 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
         return d;
       if (auto d = b.compare(at + " inc_seqlen")) return d;
       const std::vector<float> q = s.queries(std::int64_t(active.size()) * t, rng.next());
-      const auto want = windowed ? model.decode_rows_dcw(q, s.n_q_heads(), t)
-                                 : model.decode_rows_dc(q, s.n_q_heads(), t);
+      const auto want = windowed ? model.decode_rows_dcw(q, s.n_q_heads(), t, scale)
+                                 : model.decode_rows_dc(q, s.n_q_heads(), t, scale);
       if (BatchSystem* sys = b.system()) {
         b.count_decode(active);
         const std::string what = at + " decode T " + std::to_string(t);
-        const std::vector<float> got = sys->decode_rows_dc(q, t, windowed, std::nullopt);
-        if (auto d = b.check(what, got, t, b.expectations(what, q, t, want))) return d;
+        const std::vector<float> got = sys->decode_rows_dc(q, t, windowed, scale);
+        if (auto d = b.check(what, got, t, b.expectations(what, q, t, scale, want))) return d;
       }
       if (auto d = b.compare(at + " decode")) return d;
       for (const int i : active)
@@ -277,10 +280,10 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
              : model.append_rows_dc(view_of(rows.back()), 1);
     model.inc_seqlen(1);
     queries.push_back(s.queries(std::int64_t(active.size()), rng.next()));
-    const auto want = windowed ? model.decode_rows_dcw(queries.back(), s.n_q_heads(), 1)
-                               : model.decode_rows_dc(queries.back(), s.n_q_heads(), 1);
+    const auto want = windowed ? model.decode_rows_dcw(queries.back(), s.n_q_heads(), 1, scale)
+                               : model.decode_rows_dc(queries.back(), s.n_q_heads(), 1, scale);
     expected.push_back(
-        b.expectations("batch_chain round " + std::to_string(r), queries.back(), 1, want));
+        b.expectations("batch_chain round " + std::to_string(r), queries.back(), 1, scale, want));
     for (const int i : active) model.layer(i).account_steps(1);
     lists.push_back(std::move(active));
   }
@@ -291,7 +294,7 @@ std::optional<std::string> BatchSteps::run(Sides& s) const {
     if (r > 0 && lists[r] != lists[r - 1]) ++s.stats().coverage.batch_replays_membership_changed;
   }
   const std::vector<std::vector<float>> got =
-      sys->graph_chain(lists, rows, queries, windowed, std::nullopt);
+      sys->graph_chain(lists, rows, queries, windowed, scale);
   if (got.size() != lists.size())
     return "batch_chain: the system returned " + std::to_string(got.size()) + " rounds, expected " +
            std::to_string(lists.size());

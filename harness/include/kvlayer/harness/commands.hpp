@@ -305,12 +305,14 @@ struct BatchSteps {
   std::int64_t steps;
   std::uint64_t seed;
   bool chain;
+  std::optional<float> scale = std::nullopt;  ///< every decode's (a chain's captured with it)
   static constexpr std::array<std::string_view, 2> names{"batch_steps", "batch_chain"};
   static constexpr auto named_by = &BatchSteps::chain;
   static void fields(auto& c, auto& f) {
     f.count("sequences", c.sequences, 1, 8);
     f.count("steps", c.steps, 0, 64);
     f.seed(c.seed);
+    f.scale(c.scale);
   }
   KVLAYER_HARNESS_COMMAND(BatchSteps);
 };
