@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "kvlayer/reference/quantize.hpp"
+#include "reference_calls.hpp"
 #include "sides.hpp"
 
 namespace kvlayer::harness {
@@ -280,10 +281,7 @@ std::vector<float> Sides::queries(std::int64_t t, std::uint64_t seed) const {
 }
 
 void Sides::model_append_rows_dc(const HostRows& rows, bool windowed) {
-  if (windowed)
-    model_.append_rows_dcw(view_of(rows));
-  else
-    model_.append_rows_dc(view_of(rows));
+  reference_append_rows_dc(model_, rows, windowed);
 }
 
 bool Sides::rows_append_writes(std::int64_t t, bool windowed) const {
@@ -296,15 +294,7 @@ std::optional<std::vector<double>> Sides::model_decode_rows(DecodeVariant varian
                                                             const std::vector<float>& q,
                                                             std::int64_t t,
                                                             std::optional<float> scale) {
-  switch (variant) {
-    case DecodeVariant::host:
-      return model_.decode_rows(q, n_q_heads_, int(t), scale);
-    case DecodeVariant::dc:
-      return model_.decode_rows_dc(q, n_q_heads_, int(t), scale);
-    case DecodeVariant::dcw:
-      return model_.decode_rows_dcw(q, n_q_heads_, int(t), scale);
-  }
-  return std::nullopt;
+  return reference_decode_rows(model_, variant, q, n_q_heads_, int(t), scale);
 }
 
 Sides::Expectation Sides::expect_decode_rows(DecodeVariant variant, const std::vector<float>& q,
@@ -382,15 +372,7 @@ void Sides::model_append_dc(const HostRows& row, bool windowed) {
 std::optional<std::vector<double>> Sides::model_decode(DecodeVariant variant,
                                                        const std::vector<float>& q,
                                                        std::optional<float> scale) {
-  switch (variant) {
-    case DecodeVariant::host:
-      return model_.decode(q, n_q_heads_, scale);
-    case DecodeVariant::dc:
-      return model_.decode_dc(q, n_q_heads_, scale);
-    case DecodeVariant::dcw:
-      return model_.decode_dcw(q, n_q_heads_, scale);
-  }
-  return std::nullopt;
+  return reference_decode(model_, variant, q, n_q_heads_, scale);
 }
 
 bool Sides::dc_append_writes(bool windowed) const {

@@ -5,6 +5,7 @@
 
 #include "kvlayer/error.hpp"
 #include "kvlayer/testing/snapshot.hpp"
+#include "reference_calls.hpp"
 
 namespace kvlayer::harness {
 namespace {
@@ -22,6 +23,13 @@ void write(const Output& out, std::vector<float>& into, std::size_t at) {
   if (!out) return;
   for (std::size_t i = 0; i < out->size() && at + i < into.size(); ++i)
     into[at + i] = float((*out)[i]);
+}
+
+/// A decode output of n values as the device returns it: poisoned, then written.
+std::vector<float> output_of(const Output& out, std::size_t n) {
+  std::vector<float> result = poisoned(n);
+  write(out, result, 0);
+  return result;
 }
 
 /// The shape of an unsplit float computation over `keys` keys: one sequential pass (a chain of
@@ -52,21 +60,6 @@ void check_t(int t, int max_verify, const char* operation) {
 
 void append_one(ref::KvLayer& layer, const HostRows& row, bool windowed) {
   windowed ? layer.append_dcw(row.view()) : layer.append_dc(row.view());
-}
-
-void append_rows(ref::KvLayer& layer, const HostRows& rows, bool windowed) {
-  windowed ? layer.append_rows_dcw(rows.view()) : layer.append_rows_dc(rows.view());
-}
-
-Output decode_one(ref::KvLayer& layer, std::span<const float> q, int n_q_heads, bool windowed,
-                  std::optional<float> scale) {
-  return windowed ? layer.decode_dcw(q, n_q_heads, scale) : layer.decode_dc(q, n_q_heads, scale);
-}
-
-Output verify_rows(ref::KvLayer& layer, std::span<const float> q, int n_q_heads, int t,
-                   bool windowed, std::optional<float> scale, bool compute_output = true) {
-  return windowed ? layer.decode_rows_dcw(q, n_q_heads, t, scale, compute_output)
-                  : layer.decode_rows_dc(q, n_q_heads, t, scale, compute_output);
 }
 
 /// A batch decode's output: max_batch positions of T queries (the CUDA batch's output buffer),
@@ -168,7 +161,7 @@ void ReferenceSystem::inc_seqlen() {
   layer_.inc_seqlen();
 }
 void ReferenceSystem::append_rows_dc(const HostRows& rows, bool windowed) {
-  harness::append_rows(layer_, rows, windowed);
+  reference_append_rows_dc(layer_, rows, windowed);
 }
 void ReferenceSystem::inc_seqlen(int t) {
   layer_.inc_seqlen(t);
@@ -192,42 +185,15 @@ bool ReferenceSystem::can_rewind_to(std::int64_t p) {
 
 std::vector<float> ReferenceSystem::decode(DecodeVariant variant, std::span<const float> q,
                                            std::optional<float> scale) {
-  Output out;
-  switch (variant) {
-    case DecodeVariant::host:
-      out = layer_.decode(q, n_q_heads_, scale);
-      break;
-    case DecodeVariant::dc:
-      out = layer_.decode_dc(q, n_q_heads_, scale);
-      break;
-    case DecodeVariant::dcw:
-      out = layer_.decode_dcw(q, n_q_heads_, scale);
-      break;
-  }
-  std::vector<float> result =
-      poisoned(std::size_t(n_q_heads_) * std::size_t(geometry().head_dim_v));
-  write(out, result, 0);
-  return result;
+  return output_of(reference_decode(layer_, variant, q, n_q_heads_, scale),
+                   std::size_t(n_q_heads_) * std::size_t(geometry().head_dim_v));
 }
 
 std::vector<float> ReferenceSystem::decode_rows(DecodeVariant variant, std::span<const float> q,
                                                 int t, std::optional<float> scale) {
-  Output out;
-  switch (variant) {
-    case DecodeVariant::host:
-      out = layer_.decode_rows(q, n_q_heads_, t, scale);
-      break;
-    case DecodeVariant::dc:
-      out = layer_.decode_rows_dc(q, n_q_heads_, t, scale);
-      break;
-    case DecodeVariant::dcw:
-      out = layer_.decode_rows_dcw(q, n_q_heads_, t, scale);
-      break;
-  }
-  std::vector<float> result = poisoned(std::size_t(std::max(t, 0)) * std::size_t(n_q_heads_) *
-                                       std::size_t(geometry().head_dim_v));
-  write(out, result, 0);
-  return result;
+  return output_of(
+      reference_decode_rows(layer_, variant, q, n_q_heads_, t, scale),
+      std::size_t(std::max(t, 0)) * std::size_t(n_q_heads_) * std::size_t(geometry().head_dim_v));
 }
 
 std::vector<std::vector<float>> ReferenceSystem::verify_chain(
@@ -235,13 +201,14 @@ std::vector<std::vector<float>> ReferenceSystem::verify_chain(
     const std::vector<std::int64_t>& accepted, int t, bool windowed, std::optional<float> scale) {
   eager_.clear();
   if (drafts.empty()) return {};
+  const DecodeVariant variant = dc_variant(windowed);
   {
     // The capture: the device layer checks the captured calls before any round's reserve, so a
     // call refused there is refused here first, with its own message.
     ref::KvLayer capture = layer_;
-    harness::append_rows(capture, drafts.front(), windowed);
+    reference_append_rows_dc(capture, drafts.front(), windowed);
     capture.inc_seqlen(t);
-    verify_rows(capture, queries.front(), n_q_heads_, t, windowed, scale, false);
+    reference_decode_rows(capture, variant, queries.front(), n_q_heads_, t, scale, false);
   }
   ref::KvLayer work = layer_;
   std::vector<std::vector<float>> outputs, eager;
@@ -249,12 +216,11 @@ std::vector<std::vector<float>> ReferenceSystem::verify_chain(
       std::size_t(t) * std::size_t(n_q_heads_) * std::size_t(geometry().head_dim_v);
   for (std::size_t r = 0; r < drafts.size(); ++r) {
     work.reserve(t);
-    harness::append_rows(work, drafts[r], windowed);
+    reference_append_rows_dc(work, drafts[r], windowed);
     work.inc_seqlen(t);
-    outputs.push_back(poisoned(n));
-    write(verify_rows(work, queries.at(r), n_q_heads_, t, windowed, scale), outputs.back(), 0);
-    eager.push_back(poisoned(n));
-    write(verify_rows(work, queries.at(r), n_q_heads_, t, windowed, scale), eager.back(), 0);
+    for (auto* into : {&outputs, &eager})
+      into->push_back(
+          output_of(reference_decode_rows(work, variant, queries.at(r), n_q_heads_, t, scale), n));
     work.account_steps(t);
     if (accepted.at(r) < t) work.rewind(work.len() - t + accepted[r]);
   }
@@ -276,10 +242,9 @@ std::vector<std::vector<float>> ReferenceSystem::graph_chain(
   for (std::size_t i = 0; i < rows.size(); ++i) {
     append_one(work, rows[i], windowed);
     work.inc_seqlen();
-    outputs.push_back(poisoned(n));
-    write(decode_one(work, queries.at(i), n_q_heads_, windowed, scale), outputs.back(), 0);
-    eager.push_back(poisoned(n));
-    write(decode_one(work, queries.at(i), n_q_heads_, windowed, scale), eager.back(), 0);
+    for (auto* into : {&outputs, &eager})
+      into->push_back(output_of(
+          reference_decode(work, dc_variant(windowed), queries.at(i), n_q_heads_, scale), n));
   }
   layer_ = std::move(work);
   eager_ = std::move(eager);
