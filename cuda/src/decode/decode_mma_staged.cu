@@ -590,8 +590,14 @@ cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int row
 }
 
 // NOTE: head dims 128 and 256 are decode_mma_verify.cu's (select_split_kernel).
-cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  return launch<64, 16, true>(sp, grid, stream);
+cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, dim3 grid,
+                                           cudaStream_t stream) {
+  switch (head_dim) {
+    case 64:
+      return launch<64, 16, true>(sp, grid, stream);
+    default:
+      return cudaErrorInvalidValue;
+  }
 }
 
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks) {

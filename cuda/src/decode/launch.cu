@@ -122,7 +122,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
       err = launch_split_mma_verify(sp, plan.head_dim, choice.rows, grid, stream);
       break;
     case SplitKernel::mma_verify_staged:
-      err = launch_split_mma_verify_staged(sp, grid, stream);
+      err = launch_split_mma_verify_staged(sp, plan.head_dim, grid, stream);
       break;
   }
   if (err != cudaSuccess) return err;

@@ -14,9 +14,10 @@ cudaError_t launch_split_cuda_core(const SplitParams& sp, int head_dim, int rows
 /// decode_mma_staged.cu: the staged tensor-core split kernel with `rows` (8 or 16) mma rows.
 cudaError_t launch_split_mma_staged(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_mma_staged.cu: the staged verify split kernel (SPEC §11), head dim 64, 16 query rows per
-/// block.
-cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, dim3 grid, cudaStream_t stream);
+/// decode_mma_staged.cu: the staged verify split kernel (SPEC §11), 16 query rows per block (head
+/// dim 64).
+cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, dim3 grid,
+                                           cudaStream_t stream);
 /// decode_mma_verify.cu: the verify split kernel for head dim 128 or 256, `rows` query rows per
 /// block (select_split_kernel's).
 cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
