@@ -14,7 +14,8 @@
 #   ab     tools/bench-ab alone.
 # Usage: bash tools/device-gate-remote.sh PHASE BUDGET_S   (environment: PACK, default
 # .devpack/gate: val.tar.xz (build-device/bin), mut.tar.xz (build-mutants/bin/kvlayer),
-# ab.tar.xz (tools/bench-ab --pack), COMMIT)
+# ab.tar.xz (tools/bench-ab --pack), COMMIT; AB_ROUNDS (default 1) and AB_ARGS, more bench-ab
+# arguments such as --variant cc=new:KVLAYER_DECODE_KERNEL=cuda_core)
 set -u
 phase=${1:?phase: check, mut or ab}
 budget=${2:?budget in seconds}
@@ -68,13 +69,13 @@ case $phase in
     wait $m1 $m2
     echo "mutants done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
     if [[ -f $D/ab.tar.xz ]] && (($(left) > 60)); then
-      timeout $(($(left) - 15)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds 1 --verify \
-        --out "$L/bench-ab" >"$L/bench-ab.txt" 2>&1
+      timeout $(($(left) - 15)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds "${AB_ROUNDS:-1}" \
+        --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
     fi
     ;;
   ab)
-    timeout $(($(left) - 10)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds 1 --verify \
-      --out "$L/bench-ab" >"$L/bench-ab.txt" 2>&1
+    timeout $(($(left) - 10)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds "${AB_ROUNDS:-1}" \
+      --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
     ;;
   *)
     echo "device-gate-remote: unknown phase $phase (check, mut, ab)" >&2
