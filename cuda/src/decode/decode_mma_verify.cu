@@ -226,131 +226,195 @@ __device__ __forceinline__ float v_exact(const std::uint8_t* raw, int key, int d
   return __fadd_rn(__fmul_rn(f16_bits(dm & 0xffffu), float(q)), f16_bits(dm >> 16));
 }
 
-/// One block per (split, KV head, rows chunk of kGroupRows·WR). Warp (wr, wk) = (warp / WK,
-/// warp % WK).
-template <int D, int WR, bool kBatch>
-__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma_verify, D,
-                                                                verify_group_rows(D) * WR))
-    decode_split_mma_verify_kernel(const SplitParams p) {
-  static_assert(split_instance_built(SplitKernel::mma_verify, D, verify_group_rows(D) * WR));
+/// One thread's share of a verify block (one block per (split, KV head, rows chunk of
+/// kGroupRows·WR); warp (wr, wk) = (warp / WK, warp % WK)): what every phase reads (the split,
+/// shared memory, this lane's place in the warp grid) and, by reference, the thread's registers
+/// (q̃ as fragments, its rows' views, the running softmax and P·V accumulators). The phases are
+/// its member functions, in the kernel's order.
+///
+/// NOTE: the registers are the kernel's locals, one variable each, that the object refers to. As
+/// its members, the arrays (indexed by loop counters until the loops are unrolled) kept the whole
+/// object in memory through the early optimizations (more integer instructions, spills); as one
+/// struct of the kernel's, they still changed the code ptxas is given.
+template <int D, int WR>
+struct VerifyBlock {
   using S = VerifyShape<D>;
-  constexpr int kKf = S::kKf, kVf = S::kVf, kKd = S::kKd, kF16Stride = S::kF16Stride;
-  constexpr int kTile = S::kTile, kBlocks = S::kBlocks, kNTiles = S::kNTiles;
-  constexpr int kDimTiles = S::kDimTiles, kGR = S::kGroupRows, kOStride = S::kOStride;
-  constexpr int WK = kWarps / WR;
+  static constexpr int kKf = S::kKf, kVf = S::kVf, kKd = S::kKd, kF16Stride = S::kF16Stride;
+  static constexpr int kTile = S::kTile, kBlocks = S::kBlocks, kNTiles = S::kNTiles;
+  static constexpr int kDimTiles = S::kDimTiles, kGR = S::kGroupRows, kOStride = S::kOStride;
+  static constexpr int WK = kWarps / WR;
   static_assert(S::kMTiles % WK == 0);
-  constexpr int kMy = S::kMTiles / WK;                         // m-tiles per warp and tile
-  constexpr int kNJ = kMy >= kVerifyPairs ? kVerifyPairs : 1;  // m-tiles per softmax step
+  static constexpr int kMy = S::kMTiles / WK;                         // m-tiles per warp and tile
+  static constexpr int kNJ = kMy >= kVerifyPairs ? kVerifyPairs : 1;  // m-tiles per softmax step
   // The plan's accumulation shape (verify_accumulation_shape) counts these.
   static_assert(WR == verify_row_groups(D, kGR * WR) && kMy == verify_warp_mtiles(D, kGR * WR) &&
                 kMy / kNJ == verify_softmax_steps(D, kGR * WR));
-  constexpr MutantSite kSite = MutantSite::decode_mma_verify;
-  extern __shared__ __align__(16) std::uint8_t smem[];
+  static constexpr MutantSite kSite = MutantSite::decode_mma_verify;
+  using QFrags = unsigned[kNTiles][kDimTiles][2];
+  using RowBounds = int[kNTiles][2];
+  using State = SoftmaxState<2 * kNTiles>;
+  using Acc = float[kNTiles][kDimTiles][4];
+  using Scores = float[kNJ][kNTiles][4];
 
-  const SplitRange range =
-      begin_split<kBatch>(p, D, split_granule(SplitKernel::mma_verify, D), kSite);
-  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+  const SplitParams& p;
+  const SplitRange& range;
+  std::uint8_t* const smem;
+  const int tid, warp, lane, wr, wk, g, t;
+  const int G;     ///< query heads per KV head
+  const int n_kv;  ///< KV heads
+  const long long lo;
+  // Set by the phase that first needs them, not by the constructor (computed there, ahead of
+  // q̃'s loads, they changed the code ptxas is given): the split's key count, hi − lo
+  // (bound_rows), its tiles and the ldmatrix row addresses of this lane within an m-tile
+  // (start_copies): K (keys l % 8 + 8·(l / 8 % 2), dims + 8·(l / 16)), V transposed (keys l % 8 +
+  // 8·(l / 16), dims + 8·(l / 8 % 2)).
+  int n_keys, n_tiles;
+  int k_lrow, k_lcol, v_lrow, v_lcol;
 
-  const int kv = range.kv;
-  const int tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32;
-  const int wr = warp / WK, wk = warp % WK;
-  const int g = lane >> 2, t = lane & 3;
-  const int G = p.gqa;
-  const int n_kv = int(gridDim.y);
-  const long long lo = range.lo, hi = range.hi;
-
-  // ---- q̃ as the QK B fragments for the split: qb[nt][ks][j], row kGR·wr + 8nt + g of the block,
-  // dims 16ks + 2t + 8j + {0, 1} (zero for padding rows). ----
-  unsigned qb[kNTiles][kDimTiles][2];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-    const int row = kGR * wr + 8 * nt + g;
-    const bool real = row < range.nrows;
-    const float* q_row = range.q + query_row_index(range.row0 + (real ? row : 0), kv, G, n_kv) * D;
-#pragma unroll
-    for (int ks = 0; ks < kDimTiles; ++ks)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int dim = 16 * ks + 2 * t + 8 * j;
-        const float x0 = real ? q_operand(q_row[dim], p.scale, kSite) : 0.0f;
-        const float x1 = real ? q_operand(q_row[dim + 1], p.scale, kSite) : 0.0f;
-        qb[nt][ks][j] = pack_f16x2(x0, x1);
-      }
-  }
-
+  // q̃ as the QK B fragments for the split: qb[nt][ks][j], row kGR·wr + 8nt + g of the block,
+  // dims 16ks + 2t + 8j + {0, 1} (zero for padding rows).
+  QFrags& qb;
   // The keys each of this lane's softmax rows (kGR·wr + 8nt + 2t + h) attends, as offsets from lo
-  // clipped to [0, hi − lo] (SPEC §11: query i at p_i = len − T + i sees [max(0, p_i + 1 −
-  // window), p_i + 1)); padding rows none.
-  const int n_keys = static_cast<int>(hi - lo);
-  int row_lo[kNTiles][2], row_hi[kNTiles][2];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int row = kGR * wr + 8 * nt + 2 * t + h;
-      row_lo[nt][h] = 0;
-      row_hi[nt][h] = 0;
-      if (row < range.nrows) {
-        const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
-        const long long end = verify_row_end(pos, range.len, kSite);
-        const long long begin =
-            p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window, kSite) : 0;
-        row_hi[nt][h] = static_cast<int>(min(max(end - lo, 0ll), (long long)n_keys));
-        row_lo[nt][h] = static_cast<int>(min(max(begin - lo, 0ll), (long long)n_keys));
-      }
-    }
-
+  // (see bound_rows).
+  RowBounds& row_lo;
+  RowBounds& row_hi;
   // The keys every real row of this warp attends: [warp_lo, warp_hi) (empty: no fast path).
-  int warp_lo = 0, warp_hi = n_keys;
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      if (kGR * wr + 8 * nt + 2 * t + h < range.nrows) {
-        warp_lo = max(warp_lo, row_lo[nt][h]);
-        warp_hi = min(warp_hi, row_hi[nt][h]);
-      }
-  warp_lo = max(warp_lo, __shfl_xor_sync(kFullMask, warp_lo, 1));
-  warp_lo = max(warp_lo, __shfl_xor_sync(kFullMask, warp_lo, 2));
-  warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 1));
-  warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 2));
-
+  int& warp_lo;
+  int& warp_hi;
   // Row 2nt + h: row 16wr + 8nt + 2t + h (m identical across the lane groups; l per lane).
-  SoftmaxState<2 * kNTiles> state;
-  float o[kNTiles][kDimTiles][4];  // (dim 16dm + g + 8(e / 2), row 16wr + 8nt + 2t + e % 2)
+  State& state;
+  Acc& o;  // (dim 16dm + g + 8(e / 2), row 16wr + 8nt + 2t + e % 2)
+
+  __device__ __forceinline__ VerifyBlock(const SplitParams& params, const SplitRange& split,
+                                         std::uint8_t* shared, QFrags& q_frags, RowBounds& rows_lo,
+                                         RowBounds& rows_hi, int& common_lo, int& common_hi,
+                                         State& softmax, Acc& acc)
+      : p(params),
+        range(split),
+        smem(shared),
+        tid(threadIdx.x),
+        warp(tid / 32),
+        lane(tid % 32),
+        wr(warp / WK),
+        wk(warp % WK),
+        g(lane >> 2),
+        t(lane & 3),
+        G(params.gqa),
+        n_kv(int(gridDim.y)),
+        lo(split.lo),
+        qb(q_frags),
+        row_lo(rows_lo),
+        row_hi(rows_hi),
+        warp_lo(common_lo),
+        warp_hi(common_hi),
+        state(softmax),
+        o(acc) {}
+
+  /// q̃'s fragments (qb) for the split.
+  __device__ __forceinline__ void load_q() {
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
+    for (int nt = 0; nt < kNTiles; ++nt) {
+      const int row = kGR * wr + 8 * nt + g;
+      const bool real = row < range.nrows;
+      const float* q_row =
+          range.q + query_row_index(range.row0 + (real ? row : 0), range.kv, G, n_kv) * D;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      state.reset(2 * nt + h);
+      for (int ks = 0; ks < kDimTiles; ++ks)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int dim = 16 * ks + 2 * t + 8 * j;
+          const float x0 = real ? q_operand(q_row[dim], p.scale, kSite) : 0.0f;
+          const float x1 = real ? q_operand(q_row[dim + 1], p.scale, kSite) : 0.0f;
+          qb[nt][ks][j] = pack_f16x2(x0, x1);
+        }
     }
-#pragma unroll
-    for (int dm = 0; dm < kDimTiles; ++dm)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[nt][dm][e] = 0.0f;
   }
 
-  const std::uint8_t* k_head = range.k_head;
-  const std::uint8_t* v_head = range.v_head;
-  const int n_tiles = (n_keys + kTile - 1) / kTile;
-  auto valid_of = [&](int i) { return min(kTile, n_keys - kTile * i); };
-  // ldmatrix row addresses of this lane within an m-tile: K (keys l % 8 + 8·(l / 8 % 2), dims
-  // + 8·(l / 16)), V transposed (keys l % 8 + 8·(l / 16), dims + 8·(l / 8 % 2)).
-  const int k_lrow = (lane & 7) + 8 * ((lane >> 3) & 1), k_lcol = 8 * (lane >> 4);
-  const int v_lrow = (lane & 7) + 8 * (lane >> 4), v_lcol = 8 * ((lane >> 3) & 1);
+  /// The rows' views (row_lo, row_hi) clipped to [0, hi − lo] (SPEC §11: query i at p_i = len −
+  /// T + i sees [max(0, p_i + 1 − window), p_i + 1)); padding rows none. Then their intersection
+  /// over the warp's real rows (warp_lo, warp_hi).
+  __device__ __forceinline__ void bound_rows() {
+    n_keys = static_cast<int>(range.hi - lo);
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = kGR * wr + 8 * nt + 2 * t + h;
+        row_lo[nt][h] = 0;
+        row_hi[nt][h] = 0;
+        if (row < range.nrows) {
+          const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
+          const long long end = verify_row_end(pos, range.len, kSite);
+          const long long begin =
+              p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window, kSite) : 0;
+          row_hi[nt][h] = static_cast<int>(min(max(end - lo, 0ll), (long long)n_keys));
+          row_lo[nt][h] = static_cast<int>(min(max(begin - lo, 0ll), (long long)n_keys));
+        }
+      }
 
-  // Copies of tile i go to raw stage i % kVerifyStages, kVerifyStages − 1 tiles ahead; one commit
-  // group per tile (empty past the last), so that a fixed wait count finds tile i landed.
-  const auto copy = [&](int i) {
+    warp_lo = 0;
+    warp_hi = n_keys;
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (kGR * wr + 8 * nt + 2 * t + h < range.nrows) {
+          warp_lo = max(warp_lo, row_lo[nt][h]);
+          warp_hi = min(warp_hi, row_hi[nt][h]);
+        }
+    warp_lo = max(warp_lo, __shfl_xor_sync(kFullMask, warp_lo, 1));
+    warp_lo = max(warp_lo, __shfl_xor_sync(kFullMask, warp_lo, 2));
+    warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 1));
+    warp_hi = min(warp_hi, __shfl_xor_sync(kFullMask, warp_hi, 2));
+  }
+
+  /// The running softmax and the P·V accumulators, empty.
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        state.reset(2 * nt + h);
+      }
+#pragma unroll
+      for (int dm = 0; dm < kDimTiles; ++dm)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[nt][dm][e] = 0.0f;
+    }
+  }
+
+  /// The keys of tile i (the last may be partial), and the raw stage that holds it.
+  __device__ __forceinline__ int valid_of(int i) const {
+    return min(kTile, n_keys - kTile * i);
+  }
+  __device__ __forceinline__ const std::uint8_t* raw_stage(int i) const {
+    return smem + (i % kVerifyStages) * S::kRawStage;
+  }
+
+  /// The tile walk's start: its length, this lane's ldmatrix rows, and the copies of the first
+  /// kVerifyStages − 1 tiles.
+  __device__ __forceinline__ void start_copies() {
+    n_tiles = (n_keys + kTile - 1) / kTile;
+    k_lrow = (lane & 7) + 8 * ((lane >> 3) & 1);
+    k_lcol = 8 * (lane >> 4);
+    v_lrow = (lane & 7) + 8 * (lane >> 4);
+    v_lcol = 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int i = 0; i < kVerifyStages - 1; ++i) copy(i);
+  }
+
+  /// Copies of tile i go to raw stage i % kVerifyStages, kVerifyStages − 1 tiles ahead; one
+  /// commit group per tile (empty past the last), so that a fixed wait count finds tile i landed.
+  __device__ __forceinline__ void copy(int i) {
     if (i < n_tiles)
-      copy_raw_tile<D>(smem + (i % kVerifyStages) * S::kRawStage, k_head, v_head,
+      copy_raw_tile<D>(smem + (i % kVerifyStages) * S::kRawStage, range.k_head, range.v_head,
                        lo + kTile * i - range.base, p.k_tok_bytes, p.v_tok_bytes, valid_of(i));
     cp_async_commit();
-  };
-  // ---- Scores: s[jj][nt][e] for key 16mt + g + 8(e / 2) of m-tile mt = wk + WK·(j0 + jj),
-  // row (nt, e % 2), from the converted tile in shared memory. ----
-  const auto compute_scores = [&](int j0, float(&s)[kNJ][kNTiles][4]) {
+  }
+
+  /// Scores: s[jj][nt][e] for key 16mt + g + 8(e / 2) of m-tile mt = wk + WK·(j0 + jj), row
+  /// (nt, e % 2), from the converted tile in shared memory.
+  __device__ __forceinline__ void compute_scores(int j0, Scores& s) const {
 #pragma unroll
     for (int jj = 0; jj < kNJ; ++jj) {
       const int mt = wk + WK * (j0 + jj);
@@ -393,65 +457,71 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma
           }
       }
     }
-  };
+  }
 
-  // ---- Online softmax per row over the keys it attends (p = 0 elsewhere): s becomes the
-  // weights p; the accumulators are rescaled when a max moved (first: nothing accumulated yet).
-  // When every key of these m-tiles is in every real row's view (the common case), no mask is
-  // evaluated. ----
-  const auto update_softmax = [&](float(&s)[kNJ][kNTiles][4], int j0, int key_off, int valid,
-                                  bool first) {
+  /// The online softmax of one step, row by row, over the keys each row attends (p = 0
+  /// elsewhere): s becomes the weights p, alpha[nt][h] row (nt, h)'s rescale, and rescale whether
+  /// one moved. kFull: every key of the step's m-tiles is in every real row's view (no mask is
+  /// evaluated).
+  template <bool kFull>
+  __device__ __forceinline__ void update_local_state(Scores& s, int j0, int key_off, int valid,
+                                                     float (&alpha)[kNTiles][2], bool& rescale) {
+#pragma unroll
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        bool att[kNJ][2];
+        float top = kNegSentinel;
+#pragma unroll
+        for (int jj = 0; jj < kNJ; ++jj)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int k = 16 * (wk + WK * (j0 + jj)) + g + 8 * r;  // key of the tile
+            att[jj][r] =
+                kFull || (k < valid && key_off + k >= row_lo[nt][h] && key_off + k < row_hi[nt][h]);
+            s[jj][nt][2 * r + h] = score_scaled(s[jj][nt][2 * r + h], p.scale);
+            if (att[jj][r]) top = fmaxf(top, s[jj][nt][2 * r + h]);
+          }
+        top = max_over_lane_groups(top);
+        const float m_new = state.max_with(2 * nt + h, top);
+        alpha[nt][h] = state.rescale_to(2 * nt + h, m_new);
+        rescale = rescale || alpha[nt][h] != 1.0f;
+        float sum = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < kNJ; ++jj)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            s[jj][nt][2 * r + h] = att[jj][r] ? softmax_weight(s[jj][nt][2 * r + h], m_new) : 0.0f;
+            sum += s[jj][nt][2 * r + h];
+          }
+        state.advance(2 * nt + h, m_new, alpha[nt][h], sum);
+      }
+  }
+
+  /// Online softmax per row over the keys it attends (p = 0 elsewhere): s becomes the weights
+  /// p; the accumulators are rescaled when a max moved (first: nothing accumulated yet). When
+  /// every key of these m-tiles is in every real row's view (the common case), no mask is
+  /// evaluated.
+  __device__ __forceinline__ void update_softmax(Scores& s, int j0, int key_off, int valid,
+                                                 bool first) {
     bool rescale = false;
     float alpha[kNTiles][2];
     const int mt_first = wk + WK * j0, mt_last = wk + WK * (j0 + kNJ - 1);
     const bool full = 16 * mt_last + 16 <= valid && key_off + 16 * mt_first >= warp_lo &&
                       key_off + 16 * mt_last + 16 <= warp_hi;
-    const auto softmax = [&](auto full_c) {
-      constexpr bool kFull = decltype(full_c)::value;
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          bool att[kNJ][2];
-          float top = kNegSentinel;
-#pragma unroll
-          for (int jj = 0; jj < kNJ; ++jj)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              const int k = 16 * (wk + WK * (j0 + jj)) + g + 8 * r;  // key of the tile
-              att[jj][r] = kFull || (k < valid && key_off + k >= row_lo[nt][h] &&
-                                     key_off + k < row_hi[nt][h]);
-              s[jj][nt][2 * r + h] = score_scaled(s[jj][nt][2 * r + h], p.scale);
-              if (att[jj][r]) top = fmaxf(top, s[jj][nt][2 * r + h]);
-            }
-          top = max_over_lane_groups(top);
-          const float m_new = state.max_with(2 * nt + h, top);
-          alpha[nt][h] = state.rescale_to(2 * nt + h, m_new);
-          rescale = rescale || alpha[nt][h] != 1.0f;
-          float sum = 0.0f;
-#pragma unroll
-          for (int jj = 0; jj < kNJ; ++jj)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-              s[jj][nt][2 * r + h] =
-                  att[jj][r] ? softmax_weight(s[jj][nt][2 * r + h], m_new) : 0.0f;
-              sum += s[jj][nt][2 * r + h];
-            }
-          state.advance(2 * nt + h, m_new, alpha[nt][h], sum);
-        }
-    };
     if (full)
-      softmax(std::true_type{});
+      update_local_state<true>(s, j0, key_off, valid, alpha, rescale);
     else
-      softmax(std::false_type{});
+      update_local_state<false>(s, j0, key_off, valid, alpha, rescale);
     if (rescale_accumulators(__any_sync(kFullMask, rescale), first, kSite))
       rescale_pv_accumulators(o, alpha, kSite);
-  };
+  }
 
-  // ---- P·V on the CUDA cores, f32, keys in order, only the keys each row attends: V exact, p
-  // unrounded (a tile holding a V block that may leave fp16's range). p: m-tile mt's weights. ----
-  const auto accumulate_pv_f32 = [&](const float(&p)[kNTiles][4], int mt, int key_off, int valid,
-                                     const std::uint8_t* raw) {
+  /// P·V on the CUDA cores, f32, keys in order, only the keys each row attends: V exact, p
+  /// unrounded (a tile holding a V block that may leave fp16's range). w: m-tile mt's weights p.
+  __device__ __forceinline__ void accumulate_pv_f32(const float (&w)[kNTiles][4], int mt,
+                                                    int key_off, int valid,
+                                                    const std::uint8_t* raw) {
 #pragma unroll 1
     for (int k = 0; k < 16; ++k) {
       const int key = 16 * mt + k;
@@ -463,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          pk[nt][h] = __shfl_sync(kFullMask, k < 8 ? p[nt][h] : p[nt][2 + h], src);
+          pk[nt][h] = __shfl_sync(kFullMask, k < 8 ? w[nt][h] : w[nt][2 + h], src);
           att[nt][h] = key_off + key >= row_lo[nt][h] && key_off + key < row_hi[nt][h];
         }
 #pragma unroll
@@ -483,16 +553,16 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma
           asm volatile("" ::: "memory");
         }
     }
-  };
+  }
 
-  // ---- P·V on the tensor cores: p̃^T (keys 2t, 2t + 1 (+ 8), row g of n-tile nt) as the B
-  // fragments, V^T from the converted tile by ldmatrix. ----
-  const auto accumulate_pv = [&](const float(&p)[kNTiles][4], int mt) {
+  /// P·V on the tensor cores: p̃^T (keys 2t, 2t + 1 (+ 8), row g of n-tile nt) as the B
+  /// fragments, V^T from the converted tile by ldmatrix. w: m-tile mt's weights p.
+  __device__ __forceinline__ void accumulate_pv_mma(const float (&w)[kNTiles][4], int mt) {
     unsigned pb[kNTiles][2];  // p̃^T: keys 2t, 2t + 1 (+ 8), row g of n-tile nt
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
-      pb[nt][0] = transpose_8x8_f16(pack_f16x2(p[nt][0], p[nt][1]));
-      pb[nt][1] = transpose_8x8_f16(pack_f16x2(p[nt][2], p[nt][3]));
+      pb[nt][0] = transpose_8x8_f16(pack_f16x2(w[nt][0], w[nt][1]));
+      pb[nt][1] = transpose_8x8_f16(pack_f16x2(w[nt][2], w[nt][3]));
     }
     const std::uint8_t* vrow = smem + kVf + (16 * mt + v_lrow) * kF16Stride + 2 * v_lcol;
 #pragma unroll
@@ -505,95 +575,163 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma
         pv_accumulators(o[nt][dm], kSite);
       }
     }
-  };
+  }
 
+  /// P·V of one step's m-tiles: on the CUDA cores where the tile holds a wide or bad V block
+  /// (f32_pv), else on the tensor cores.
+  __device__ __forceinline__ void accumulate_pv(const Scores& s, int j0, int key_off, int valid,
+                                                const std::uint8_t* raw, bool f32_pv) {
 #pragma unroll
-  for (int i = 0; i < kVerifyStages - 1; ++i) copy(i);
-  for (int i = 0; i < n_tiles; ++i) {
-    const std::uint8_t* raw = smem + (i % kVerifyStages) * S::kRawStage;
-    const int valid = valid_of(i);
-    cp_async_wait<kVerifyStages - 2>();  // this thread's copies of tile i have landed
-    __syncthreads();  // every thread's have; every warp is done with tile i − 1 (and its stage)
-    copy(i + kVerifyStages - 1);
-    const bool special = __syncthreads_or(convert_tile<D>(smem, raw, valid));
-    const int key_off = kTile * i;  // the tile's first key, as an offset from lo
-    const bool f32_pv = wide_tile_on_cuda_cores(special, kSite);
-
-    // kNJ m-tiles at a time (NOTE: not the whole tile: its scores and operands at once need more
-    // than 255 registers), with one max update for them.
-#pragma unroll 1
-    for (int j0 = 0; j0 < kMy; j0 += kNJ) {
-      float s[kNJ][kNTiles][4];
-      compute_scores(j0, s);
-      update_softmax(s, j0, key_off, valid, i == 0 && j0 == 0);
-#pragma unroll
-      for (int jj = 0; jj < kNJ; ++jj) {
-        const int mt = wk + WK * (j0 + jj);
-        if (f32_pv) {
-          accumulate_pv_f32(s[jj], mt, key_off, valid, raw);
-          continue;
-        }
-        accumulate_pv(s[jj], mt);
+    for (int jj = 0; jj < kNJ; ++jj) {
+      const int mt = wk + WK * (j0 + jj);
+      if (f32_pv) {
+        accumulate_pv_f32(s[jj], mt, key_off, valid, raw);
+        continue;
       }
+      accumulate_pv_mma(s[jj], mt);
     }
   }
 
-  // ---- Merge the WK warps of each row group into the split's partial. ----
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      state.l[2 * nt + h] = sum_over_lane_groups(state.l[2 * nt + h]);
-    }
-  __syncthreads();  // every warp is done with the stages (no copy is in flight)
-  float* m_s = reinterpret_cast<float*>(smem);  // [warp][16]
-  float* l_s = m_s + kWarps * 16;
-  float* w_s = l_s + kWarps * 16;
-  float* o_s = w_s + kWarps * 16;  // [warp][kGR][kOStride]
-  if (g == 0) {
+  // ---- Merge the WK warps of each row group into the split's partial (shared memory reused:
+  // m_s, l_s, w_s [warp][16], o_s [warp][kGR][kOStride]). ----
+  __device__ __forceinline__ float* m_s() const {
+    return reinterpret_cast<float*>(smem);
+  }
+  __device__ __forceinline__ float* l_s() const {
+    return m_s() + kWarps * 16;
+  }
+  __device__ __forceinline__ float* w_s() const {
+    return l_s() + kWarps * 16;
+  }
+  __device__ __forceinline__ float* o_s() const {
+    return w_s() + kWarps * 16;
+  }
+
+  /// Each row's l summed over the lanes that hold its keys.
+  __device__ __forceinline__ void sum_lane_groups() {
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        m_s[warp * 16 + 8 * nt + 2 * t + h] = state.m[2 * nt + h];
-        l_s[warp * 16 + 8 * nt + 2 * t + h] = state.l[2 * nt + h];
+        state.l[2 * nt + h] = sum_over_lane_groups(state.l[2 * nt + h]);
       }
   }
+
+  /// This warp's m, l and o into shared memory.
+  __device__ __forceinline__ void stage_warp_results() const {
+    if (g == 0) {
 #pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt)
+      for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
-    for (int dm = 0; dm < kDimTiles; ++dm)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o_s[(warp * kGR + 8 * nt + 2 * t + (e & 1)) * kOStride + 16 * dm + g + 8 * (e >> 1)] =
-            o[nt][dm][e];
-  __syncthreads();
-  const int rows = range.nrows;
-  if (tid < rows) {
-    const int w0 = (tid / kGR) * WK, lr = tid % kGR;
-    float top = kNegSentinel;
-#pragma unroll
-    for (int k = 0; k < WK; ++k) top = fmaxf(top, m_s[(w0 + k) * 16 + lr]);
-    float den = 0.0f;
-#pragma unroll
-    for (int k = 0; k < WK; ++k) {
-      const float wt = softmax_rescale(m_s[(w0 + k) * 16 + lr], top);
-      w_s[(w0 + k) * 16 + lr] = wt;
-      den = fmaf(l_s[(w0 + k) * 16 + lr], wt, den);
+        for (int h = 0; h < 2; ++h) {
+          m_s()[warp * 16 + 8 * nt + 2 * t + h] = state.m[2 * nt + h];
+          l_s()[warp * 16 + 8 * nt + 2 * t + h] = state.l[2 * nt + h];
+        }
     }
-    range.m[tid] = top;
-    range.l[tid] = den;
-  }
-  __syncthreads();
-  for (int i = tid; i < rows * D; i += kThreads) {
-    const int r = i / D, col = i % D;
-    const int w0 = (r / kGR) * WK, lr = r % kGR;
-    float num = 0.0f;
 #pragma unroll
-    for (int k = 0; k < WK; ++k)
-      num = fmaf(o_s[((w0 + k) * kGR + lr) * kOStride + col], w_s[(w0 + k) * 16 + lr], num);
-    range.o[i] = num;
+    for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+      for (int dm = 0; dm < kDimTiles; ++dm)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          o_s()[(warp * kGR + 8 * nt + 2 * t + (e & 1)) * kOStride + 16 * dm + g + 8 * (e >> 1)] =
+              o[nt][dm][e];
   }
+
+  /// Thread r < rows: row r's max and sum over its WK warps (the partial's m, l), and each
+  /// warp's weight (w_s).
+  __device__ __forceinline__ void merge_softmax() const {
+    const float* m = m_s();
+    const float* l = l_s();
+    float* ws = w_s();
+    if (tid < range.nrows) {
+      const int w0 = (tid / kGR) * WK, lr = tid % kGR;
+      float top = kNegSentinel;
+#pragma unroll
+      for (int k = 0; k < WK; ++k) top = fmaxf(top, m[(w0 + k) * 16 + lr]);
+      float den = 0.0f;
+#pragma unroll
+      for (int k = 0; k < WK; ++k) {
+        const float wt = softmax_rescale(m[(w0 + k) * 16 + lr], top);
+        ws[(w0 + k) * 16 + lr] = wt;
+        den = fmaf(l[(w0 + k) * 16 + lr], wt, den);
+      }
+      range.m[tid] = top;
+      range.l[tid] = den;
+    }
+  }
+
+  /// The partial's o: each row's warps' o by their weights, in key-group order.
+  __device__ __forceinline__ void merge_output() const {
+    const float* ws = w_s();
+    const float* os = o_s();
+    const int rows = range.nrows;
+    for (int i = tid; i < rows * D; i += kThreads) {
+      const int r = i / D, col = i % D;
+      const int w0 = (r / kGR) * WK, lr = r % kGR;
+      float num = 0.0f;
+#pragma unroll
+      for (int k = 0; k < WK; ++k)
+        num = fmaf(os[((w0 + k) * kGR + lr) * kOStride + col], ws[(w0 + k) * 16 + lr], num);
+      range.o[i] = num;
+    }
+  }
+};
+
+/// One block per (split, KV head, rows chunk of kGroupRows·WR). Warp (wr, wk) = (warp / WK,
+/// warp % WK).
+template <int D, int WR, bool kBatch>
+__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma_verify, D,
+                                                                verify_group_rows(D) * WR))
+    decode_split_mma_verify_kernel(const SplitParams p) {
+  static_assert(split_instance_built(SplitKernel::mma_verify, D, verify_group_rows(D) * WR));
+  using Block = VerifyBlock<D, WR>;
+  extern __shared__ __align__(16) std::uint8_t smem[];
+
+  const SplitRange range =
+      begin_split<kBatch>(p, D, split_granule(SplitKernel::mma_verify, D), Block::kSite);
+  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+
+  // The thread's registers (VerifyBlock says what each holds, and why they are locals here).
+  typename Block::QFrags qb;
+  typename Block::RowBounds row_lo, row_hi;
+  int warp_lo, warp_hi;
+  typename Block::State state;
+  typename Block::Acc o;
+  Block b(p, range, smem, qb, row_lo, row_hi, warp_lo, warp_hi, state, o);
+  b.load_q();
+  b.bound_rows();
+  b.reset();
+  b.start_copies();
+  for (int i = 0; i < b.n_tiles; ++i) {
+    const std::uint8_t* raw = b.raw_stage(i);
+    const int valid = b.valid_of(i);
+    cp_async_wait<kVerifyStages - 2>();  // this thread's copies of tile i have landed
+    __syncthreads();  // every thread's have; every warp is done with tile i − 1 (and its stage)
+    b.copy(i + kVerifyStages - 1);
+    const bool special = __syncthreads_or(convert_tile<D>(smem, raw, valid));
+    const int key_off = Block::kTile * i;  // the tile's first key, as an offset from lo
+    const bool f32_pv = wide_tile_on_cuda_cores(special, Block::kSite);
+
+    // kNJ m-tiles at a time (NOTE: not the whole tile: its scores and operands at once need more
+    // than 255 registers), with one max update for them.
+#pragma unroll 1
+    for (int j0 = 0; j0 < Block::kMy; j0 += Block::kNJ) {
+      typename Block::Scores s;
+      b.compute_scores(j0, s);
+      b.update_softmax(s, j0, key_off, valid, i == 0 && j0 == 0);
+      b.accumulate_pv(s, j0, key_off, valid, raw, f32_pv);
+    }
+  }
+
+  // ---- Merge the WK warps of each row group into the split's partial. ----
+  b.sum_lane_groups();
+  __syncthreads();  // every warp is done with the stages (no copy is in flight)
+  b.stage_warp_results();
+  __syncthreads();
+  b.merge_softmax();
+  __syncthreads();
+  b.merge_output();
 }
 
 template <int D, int WR, bool kBatch>
