@@ -186,59 +186,122 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
   return __ldg(reinterpret_cast<const uint2*>(p));
 }
 
-/// One block per (split, KV head); 4 independent warps, warp w owning warp tiles w, w + 4, ….
-/// Head dim kD (128 or 256: kD / 128 slices); kNT mma n-tiles of 8 query heads each (head
-/// 8·n + g of n-tile n). kBulk (head dim 256): the tiles come through the warp's BulkRing on the
-/// copy engine instead of straight into registers. kBatch: the blocks of a batch launch
-/// (begin_split); the tensor maps are then unused (a batch's planes are many).
+/// One thread's share of a block (one per (split, KV head); 4 independent warps, warp w owning
+/// warp tiles w, w + 4, …): what every phase reads (the split, the tensor maps, shared memory,
+/// this lane's place in its warp) and, by reference, the thread's registers (q̃ as fragments, its
+/// rows within a tile and their offsets, the running softmax and the P·V accumulators). The
+/// phases are its member functions, in the kernel's order. Head dim kD (128 or 256: kD / 128
+/// slices); kNT mma n-tiles of 8 query heads each (head 8·n + g of n-tile n). kBulk (head dim
+/// 256): the tiles come through the warp's BulkRing on the copy engine instead of straight into
+/// registers. kBatch: the blocks of a batch launch (begin_split); the tensor maps are then unused
+/// (a batch's planes are many).
+///
+/// NOTE: the registers are the kernel's locals, one variable each, that the object refers to (as
+/// decode_mma_verify.cu's VerifyBlock does: as its members, arrays kept the object in memory and
+/// changed the code ptxas is given).
 template <int kD, int kNT, bool kBulk, bool kBatch>
-__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk
-                                                                      : SplitKernel::mma_direct,
-                                                                kD, 8 * kNT))
-    decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
-  static_assert(
-      split_instance_built(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, kD, 8 * kNT));
-  constexpr int kSlices = kD / kSliceDims;
-  constexpr int kBlocks = kD / 32;
-  constexpr int kHeads = 8 * kNT;  // query heads of the block (≥ gqa; the rest are zero rows)
-  constexpr int kMTiles = 8 * kSlices;  // PV m-tiles of 16 dims (8 per slice)
-  constexpr int kOStride = kD + 4;      // merge staging row (floats)
-  // NOTE: q̃ stays in registers at head dim 256 too (238 at its 255 cap): the bulk ring holds the
-  // next tile, so only one tile of operands is live, and q̃ in shared memory would add a load to
-  // every score mma.
-  __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
+struct DirectBlock {
+  static constexpr int kSlices = kD / kSliceDims;
+  static constexpr int kBlocks = kD / 32;
+  // Query heads of the block (≥ gqa; the rest are zero rows).
+  static constexpr int kHeads = 8 * kNT;
+  static constexpr int kMTiles = 8 * kSlices;  // PV m-tiles of 16 dims (8 per slice)
+  static constexpr int kOStride = kD + 4;      // merge staging row (floats)
+  static constexpr MutantSite kSite = MutantSite::decode_mma_direct;
+  static constexpr unsigned kBiasLow = 0x64006400u, kBiasHigh = 0x54005400u;  // see v_quant_f16x2
   static_assert(!kBulk || kD == 256);
   using Ring = BulkRing;
-  // Bulk: the merge staging reuses the ring once every warp is done with it.
+  using Tile = TileRegs<kSlices>;
+  using Stats = float[kWarps][kHeads];
   // NOTE: indexed as this 3-D array: a flat float* moves ptxas's schedule of the direct
   // instances and slows them (bench/NOTES.md).
   using OStage = float[kWarps][kHeads][kOStride];
-  __shared__ __align__(16) float o_static[kBulk ? 1 : kWarps][kHeads][kOStride];
-  extern __shared__ __align__(128) std::uint8_t ring[];
-  __shared__ std::uint64_t bars[kBulk ? kWarps * Ring::kStages : 1];
-  static_assert(!kBulk || sizeof(OStage) <= Ring::kBytes);
-  OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
+  using QFrags = unsigned[kNT][kBlocks][2][2];
+  using State = SoftmaxState<2 * kNT>;
+  using Acc = float[kNT][kMTiles][4];
+  using Scores = float[kNT][4];
 
-  const SplitRange range = begin_split<kBatch>(p, kD, split_granule(SplitKernel::mma_direct, kD),
-                                               MutantSite::decode_mma_direct);
-  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+  const SplitParams& p;
+  const PlaneMaps& maps;
+  const SplitRange& range;
+  Stats& m_s;
+  Stats& l_s;
+  Stats& w_s;
+  OStage& o_s;
+  std::uint8_t* const ring;             ///< bulk: kStages stages per warp
+  std::uint64_t* const bars;            ///< bulk: one mbarrier per stage
+  const std::uint8_t** const planes_s;  ///< batch: the planes, for the key loop (planes)
+  const int kv, tid, warp, lane, g, t;  // g, t: groupID, threadID_in_group
+  const int hv;                         // the V half this lane group owns
+  const int G;
+  // Set by the phase that first needs them (select_bytes, share_planes, tile_offsets), not by the
+  // constructor, so that they are computed where the kernel's order puts them, after q̃'s loads
+  // (in VerifyBlock, values computed in the constructor moved ahead of q̃'s loads and changed the
+  // code ptxas is given).
+  unsigned sel_a, sel_b, qh_sel;
+  const std::uint8_t *k_head, *v_head;
+  long long lo, hi;
+  int my_tiles;
+  int k_tok, v_tok;
 
-  const int kv = range.kv;
-  const int tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32;
-  const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
-  const int hv = g & 1;                   // the V half this lane group owns
-  const int G = p.gqa;
+  // q̃ as the QK B fragments for the whole split (load_q).
+  QFrags& qb;
+  // This lane's rows within a tile, K keys g, g + 8 and V keys 2t, 2t+1, 2t+8, 2t+9, and their
+  // offsets in bytes (tile_offsets).
+  int (&k_key)[2];
+  int (&v_key)[4];
+  unsigned (&k_off)[2];
+  unsigned (&v_off)[4];
+  // Per-warp softmax, row 2n + hh: head 8n + 2t + hh of n-tile n (m identical across the lane
+  // groups; l per lane).
+  State& state;
+  // PV m-tile mt = 8c + i: (dim 128c + v_dim(i, g, 0), heads 2t, 2t+1), (128c + v_dim(i, g, 1), …)
+  Acc& o;
 
-  // Bulk: the first kStages tiles' copies go out before q̃ is built (they hold no registers).
-  // The register-direct instances keep their own (later) definitions of the tile range, so that
-  // the bulk path leaves their SASS unchanged.
-  const long long lo_b = range.lo, hi_b = range.hi;
-  auto stage_of = [&](int s) { return ring + (warp * Ring::kStages + s) * Ring::kStageBytes; };
-  // Issues the copies of this warp's i-th tile into stage s: a whole tile as one box per plane
-  // (lane 0); a split's partial last tile (or no tensor maps) row by row, lane r < 16 K row r,
-  // lane 16 + r V row r, rows past the split's end copying its last key (their p is 0).
-  auto issue_tile = [&](int s, int i) {
+  __device__ __forceinline__ DirectBlock(const SplitParams& params, const PlaneMaps& tensor_maps,
+                                         const SplitRange& split, Stats& m_stage, Stats& l_stage,
+                                         Stats& w_stage, OStage& o_stage, std::uint8_t* ring_s,
+                                         std::uint64_t* bars_s, const std::uint8_t** planes,
+                                         QFrags& q_frags, int (&k_keys)[2], int (&v_keys)[4],
+                                         unsigned (&k_offs)[2], unsigned (&v_offs)[4],
+                                         State& softmax, Acc& acc)
+      : p(params),
+        maps(tensor_maps),
+        range(split),
+        m_s(m_stage),
+        l_s(l_stage),
+        w_s(w_stage),
+        o_s(o_stage),
+        ring(ring_s),
+        bars(bars_s),
+        planes_s(planes),
+        kv(split.kv),
+        tid(threadIdx.x),
+        warp(tid / 32),
+        lane(tid % 32),
+        g(lane >> 2),
+        t(lane & 3),
+        hv(g & 1),
+        G(params.gqa),
+        qb(q_frags),
+        k_key(k_keys),
+        v_key(v_keys),
+        k_off(k_offs),
+        v_off(v_offs),
+        state(softmax),
+        o(acc) {}
+
+  __device__ __forceinline__ std::uint8_t* stage_of(int s) const {
+    return ring + (warp * Ring::kStages + s) * Ring::kStageBytes;
+  }
+
+  /// Bulk: issues the copies of this warp's i-th tile into stage s: a whole tile as one box per
+  /// plane (lane 0); a split's partial last tile (or no tensor maps) row by row, lane r < 16 K
+  /// row r, lane 16 + r V row r, rows past the split's end copying its last key (their p is 0).
+  /// The register-direct instances keep their own (later) definitions of the tile range
+  /// (tile_offsets), so that the bulk path leaves their SASS unchanged.
+  __device__ __forceinline__ void issue_tile(int s, int i) {
+    const long long lo_b = range.lo, hi_b = range.hi;
     const long long key0 = lo_b + (long long)(warp + kWarps * i) * kWK;
     std::uint8_t* stage = stage_of(s);
     std::uint64_t* bar = &bars[warp * Ring::kStages + s];
@@ -263,9 +326,12 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
     else
       bulk_copy_to_shared(stage + kWK * Ring::kKBytes + row * Ring::kVBytes,
                           range.v_head + phys * p.v_tok_bytes, Ring::kVBytes, bar);
-  };
-  if constexpr (kBulk) {
-    const int n_wt_b = static_cast<int>((hi_b - lo_b + kWK - 1) / kWK);
+  }
+
+  /// Bulk: the ring's mbarriers, and the copies of this warp's first kStages tiles, which go out
+  /// before q̃ is built (they hold no registers).
+  __device__ __forceinline__ void start_ring() {
+    const int n_wt_b = static_cast<int>((range.hi - range.lo + kWK - 1) / kWK);
     const int my_tiles_b = n_wt_b > warp ? (n_wt_b - warp + kWarps - 1) / kWarps : 0;
     if (lane == 0)
       for (int s = 0; s < Ring::kStages; ++s) mbarrier_init(&bars[warp * Ring::kStages + s], 1);
@@ -273,52 +339,59 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
     for (int s = 0; s < Ring::kStages && s < my_tiles_b; ++s) issue_tile(s, s);
   }
 
-  // ---- q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b % 4, reg ks,
-  // h j) of block b (slice b / 4) of the block's query row 8·n + g, head row0 + 8·n + g of the
-  // KV head (zero for rows ≥ nrows). ----
-  const int rows = range.nrows;
-  unsigned qb[kNT][kBlocks][2][2];
+  /// q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b % 4, reg ks, h j) of
+  /// block b (slice b / 4) of the block's query row 8·n + g, head row0 + 8·n + g of the KV head
+  /// (zero for rows ≥ nrows).
+  __device__ __forceinline__ void load_q() {
+    const int rows = range.nrows;
 #pragma unroll
-  for (int n = 0; n < kNT; ++n) {
-    const int head = 8 * n + g;
-    const float* q_head = range.q + ((long long)kv * G + range.row0 + head) * kD;
+    for (int n = 0; n < kNT; ++n) {
+      const int head = 8 * n + g;
+      const float* q_head = range.q + ((long long)kv * G + range.row0 + head) * kD;
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b)
+      for (int b = 0; b < kBlocks; ++b)
 #pragma unroll
-      for (int ks = 0; ks < 2; ++ks)
+        for (int ks = 0; ks < 2; ++ks)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int quant = 32 * b + k_pair_quant(b % kSliceBlocks, ks, j, t);
-          constexpr MutantSite kSite = MutantSite::decode_mma_direct;
-          const float x0 = head < rows ? q_operand(q_head[quant], p.scale, kSite) : 0.0f;
-          const float x1 = head < rows ? q_operand(q_head[quant + 1], p.scale, kSite) : 0.0f;
-          qb[n][b][ks][j] = pack_f16x2(x0, x1);
-        }
+          for (int j = 0; j < 2; ++j) {
+            const int quant = 32 * b + k_pair_quant(b % kSliceBlocks, ks, j, t);
+            const float x0 = head < rows ? q_operand(q_head[quant], p.scale, kSite) : 0.0f;
+            const float x1 = head < rows ? q_operand(q_head[quant + 1], p.scale, kSite) : 0.0f;
+            qb[n][b][ks][j] = pack_f16x2(x0, x1);
+          }
+    }
   }
-  // The QK B fragment (k-step ks) of block b, n-tile n.
-  auto q_fragment = [&](int n, int b, int ks, unsigned& b0, unsigned& b1) {
+
+  /// The QK B fragment (k-step ks) of block b, n-tile n.
+  __device__ __forceinline__ void q_fragment(int n, int b, int ks, unsigned& b0,
+                                             unsigned& b1) const {
     b0 = qb[n][b][ks][0];
     b1 = qb[n][b][ks][1];
-  };
-  const unsigned sel_a = t == 0 ? 0x5432u : 0x3210u;
-  const unsigned sel_b = t == 0 ? 0x7654u : 0x3210u;
-  const unsigned qh_sel = hv ? 0x7531u : 0x6420u;  // qh bytes hv, hv + 2 of two keys
-  const unsigned bias_low = 0x64006400u, bias_high = 0x54005400u;  // see v_quant_f16x2
-
-  const std::uint8_t* k_head = range.k_head;
-  const std::uint8_t* v_head = range.v_head + kQ5_1BlockBytes * (g >> 1);
-  // A batch block's planes come from memory, not from the kernel's parameters, so they would
-  // hold four registers through the key loop, where the 8-row instance sits at its register cap
-  // and spills: its loop re-reads them from shared memory instead (planes()).
-  __shared__ const std::uint8_t* planes_s[2];
-  if constexpr (kBatch) {
-    if (tid == 0) {
-      planes_s[0] = k_head;
-      planes_s[1] = range.v_head;
-    }
-    __syncthreads();
   }
-  const auto planes = [&](const std::uint8_t*& k, const std::uint8_t*& v) {
+
+  /// This lane's byte selectors: K pairs (gather_k_block), V high bits.
+  __device__ __forceinline__ void select_bytes() {
+    sel_a = t == 0 ? 0x5432u : 0x3210u;
+    sel_b = t == 0 ? 0x7654u : 0x3210u;
+    qh_sel = hv ? 0x7531u : 0x6420u;  // qh bytes hv, hv + 2 of two keys
+  }
+
+  /// The KV head's planes (this lane's V block). A batch block's planes come from memory, not
+  /// from the kernel's parameters, so they would hold four registers through the key loop, where
+  /// the 8-row instance sits at its register cap and spills: its loop re-reads them from shared
+  /// memory instead (planes()).
+  __device__ __forceinline__ void share_planes() {
+    k_head = range.k_head;
+    v_head = range.v_head + kQ5_1BlockBytes * (g >> 1);
+    if constexpr (kBatch) {
+      if (tid == 0) {
+        planes_s[0] = k_head;
+        planes_s[1] = range.v_head;
+      }
+      __syncthreads();
+    }
+  }
+  __device__ __forceinline__ void planes(const std::uint8_t*& k, const std::uint8_t*& v) const {
     k = k_head;
     v = v_head;
     if constexpr (kBatch) {
@@ -326,26 +399,34 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
       v = *static_cast<const std::uint8_t* const volatile*>(&planes_s[1]) +
           kQ5_1BlockBytes * (g >> 1);
     }
-  };
-  const long long lo = range.lo, hi = range.hi;
-  const long long n_keys = hi - lo;
-  const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);
-  const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;
-  // Row strides fit in int (≤ 65535 KV heads × 272 B); a tile spans 16 rows.
-  const int k_tok = static_cast<int>(p.k_tok_bytes), v_tok = static_cast<int>(p.v_tok_bytes);
-  // Offsets (bytes) of this lane's rows within a tile: K keys g, g + 8; V keys 2t, 2t+1, 2t+8,
-  // 2t+9. Recomputed with clamping only for a split's partial last tile.
-  const int k_key[2] = {g, g + 8};
-  const int v_key[4] = {2 * t, 2 * t + 1, 2 * t + 8, 2 * t + 9};
-  unsigned k_off[2], v_off[4];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) k_off[j] = unsigned(k_key[j] * k_tok);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v_off[j] = unsigned(v_key[j] * v_tok);
+  }
 
-  // Loads this warp's i-th tile. Keys past the split's end read the split's last key instead
-  // (real, finite-or-attended bytes; their p is 0).
-  auto load_tile = [&](TileRegs<kSlices>& r, int i) {
+  /// This warp's tiles of the split, and the offsets of this lane's rows within a tile.
+  __device__ __forceinline__ void tile_offsets() {
+    lo = range.lo;
+    hi = range.hi;
+    const long long n_keys = hi - lo;
+    const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);
+    my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;
+    // Row strides fit in int (≤ 65535 KV heads × 272 B); a tile spans 16 rows.
+    k_tok = static_cast<int>(p.k_tok_bytes);
+    v_tok = static_cast<int>(p.v_tok_bytes);
+    // The offsets are recomputed with clamping only for a split's partial last tile (load_tile).
+    k_key[0] = g;
+    k_key[1] = g + 8;
+    v_key[0] = 2 * t;
+    v_key[1] = 2 * t + 1;
+    v_key[2] = 2 * t + 8;
+    v_key[3] = 2 * t + 9;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) k_off[j] = unsigned(k_key[j] * k_tok);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v_off[j] = unsigned(v_key[j] * v_tok);
+  }
+
+  /// Loads this warp's i-th tile. Keys past the split's end read the split's last key instead
+  /// (real, finite-or-attended bytes; their p is 0).
+  __device__ __forceinline__ void load_tile(Tile& r, int i) const {
     const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
     const long long row0 = key0 - range.base;
     // NOTE: the empty asm keeps the tile bases opaque, so that each row address is one 64-bit
@@ -390,11 +471,11 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
         r.vh[c][j] = load_u2(src);
         r.vq[c][j] = load_u2(src + 8 + 8 * hv);
       }
-  };
+  }
 
-  // Bulk: reads this warp's tile from stage s, once its copies have landed, into the register
-  // layout load_tile gives (rows past the split's end hold its last key, as load_tile's).
-  auto read_tile = [&](TileRegs<kSlices>& r, int s, unsigned parity) {
+  /// Bulk: reads this warp's tile from stage s, once its copies have landed, into the register
+  /// layout load_tile gives (rows past the split's end hold its last key, as load_tile's).
+  __device__ __forceinline__ void read_tile(Tile& r, int s, unsigned parity) const {
     mbarrier_wait(&bars[warp * Ring::kStages + s], parity);
     const std::uint8_t* stage = stage_of(s);
 #pragma unroll
@@ -422,25 +503,23 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
         r.vh[c][j] = *reinterpret_cast<const uint2*>(src);
         r.vq[c][j] = *reinterpret_cast<const uint2*>(src + 8 + 8 * hv);
       }
-  };
-
-  // Per-warp softmax, row 2n + hh: head 8n + 2t + hh of n-tile n (m identical across the lane
-  // groups; l per lane).
-  SoftmaxState<2 * kNT> state;
-  // PV m-tile mt = 8c + i: (dim 128c + v_dim(i, g, 0), heads 2t, 2t+1), (128c + v_dim(i, g, 1), …)
-  float o[kNT][kMTiles][4];
-#pragma unroll
-  for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) state.reset(2 * n + hh);
-#pragma unroll
-    for (int i = 0; i < kMTiles; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[n][i][e] = 0.0f;
   }
 
-  // ---- Scores: s[n][e] for key g + 8·(e / 2), head 8n + 2t + e % 2, blocks in order. ----
-  auto compute_scores = [&](const TileRegs<kSlices>& r, float(&s)[kNT][4]) {
+  /// The running softmax and the P·V accumulators, empty.
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) state.reset(2 * n + hh);
+#pragma unroll
+      for (int i = 0; i < kMTiles; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[n][i][e] = 0.0f;
+    }
+  }
+
+  /// Scores: s[n][e] for key g + 8·(e / 2), head 8n + 2t + e % 2, blocks in order.
+  __device__ __forceinline__ void compute_scores(const Tile& r, Scores& s) const {
 #pragma unroll
     for (int c = 0; c < kSlices; ++c) {
       unsigned dpk[2][2];  // d of blocks (0, 1), (2, 3) of the slice, keys g, g + 8, from t = 0
@@ -491,11 +570,11 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[n][e] = score_scaled(s[n][e], p.scale);
-  };
+  }
 
-  // ---- Online softmax per head over the tile's valid keys: the weights pr in s's layout, the
-  // accumulators rescaled when a max moved. ----
-  auto update_softmax = [&](const float(&s)[kNT][4], int valid, int i, float(&pr)[kNT][4]) {
+  /// Online softmax per head over the tile's valid keys: the weights pr in s's layout, the
+  /// accumulators rescaled when a max moved.
+  __device__ __forceinline__ void update_softmax(const Scores& s, int valid, int i, Scores& pr) {
     const bool valid0 = g < valid, valid1 = g + 8 < valid;
     float alpha[kNT][2];
     bool rescale = false;
@@ -514,13 +593,13 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
         state.advance(2 * n + hh, m_new, alpha[n][hh], pr[n][hh] + pr[n][2 + hh]);
         rescale = rescale || alpha[n][hh] != 1.0f;
       }
-    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0, MutantSite::decode_mma_direct))
-      rescale_pv_accumulators(o, alpha, MutantSite::decode_mma_direct);
-  };
+    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0, kSite))
+      rescale_pv_accumulators(o, alpha, kSite);
+  }
 
-  // ---- P·V on the CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (the
-  // rare path of a tile holding a V block that may leave fp16's range). ----
-  auto accumulate_pv_f32 = [&](const float(&pr)[kNT][4], long long key0, int valid) {
+  /// P·V on the CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (the rare
+  /// path of a tile holding a V block that may leave fp16's range).
+  __device__ __forceinline__ void accumulate_pv_f32(const Scores& pr, long long key0, int valid) {
 #pragma unroll 1
     for (int k = 0; k < kWK; ++k) {
       const int src = ((k & 7) << 2) | t;
@@ -548,7 +627,6 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
           const unsigned q_hi = (byte >> 4) | (((qh >> (16 + m)) & 1u) << 4);
           const float v_lo = __fadd_rn(__fmul_rn(d, float(q_lo)), mv);
           const float v_hi = __fadd_rn(__fmul_rn(d, float(q_hi)), mv);
-          constexpr MutantSite kSite = MutantSite::decode_mma_direct;
 #pragma unroll
           for (int n = 0; n < kNT; ++n) {
             float(&acc)[4] = o[n][8 * c + m];
@@ -560,11 +638,11 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
         }
       }
     }
-  };
+  }
 
-  // ---- P·V on the tensor cores: p̃^T as the B fragments, the transpose of the (keys × heads) C
-  // layout; V as fp16 A fragments by one HFMA2 per key pair. ----
-  auto accumulate_pv = [&](const TileRegs<kSlices>& r, const float(&pr)[kNT][4]) {
+  /// P·V on the tensor cores: p̃^T as the B fragments, the transpose of the (keys × heads) C
+  /// layout; V as fp16 A fragments by one HFMA2 per key pair.
+  __device__ __forceinline__ void accumulate_pv(const Tile& r, const Scores& pr) {
     unsigned pb0[kNT], pb1[kNT];
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
@@ -590,8 +668,8 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
         constexpr int m = decltype(m_tile)::value;
         constexpr bool kHigh = decltype(high)::value;
         const unsigned qs = (m & 1) ? qs2[pair][m >> 1] >> 8 : qs2[pair][m >> 1];
-        const __half2 q = kHigh ? v_quant_f16x2<4, 8 + m>(qs, qh2[pair], bias_high)
-                                : v_quant_f16x2<0, m>(qs, qh2[pair], bias_low);
+        const __half2 q = kHigh ? v_quant_f16x2<4, 8 + m>(qs, qh2[pair], kBiasHigh)
+                                : v_quant_f16x2<0, m>(qs, qh2[pair], kBiasLow);
         return h2_bits(__hfma2(as_h2(d2[pair]), q, as_h2(m2[pair])));
       };
       auto pv_m_tile = [&](auto m_tile) {
@@ -603,7 +681,7 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
 #pragma unroll
         for (int n = 0; n < kNT; ++n) {
           mma_16816(o[n][8 * c + m], a0, a1, a2, a3, pb0[n], pb1[n]);
-          pv_accumulators(o[n][8 * c + m], MutantSite::decode_mma_direct);
+          pv_accumulators(o[n][8 * c + m], kSite);
         }
       };
       pv_m_tile(std::integral_constant<int, 0>{});
@@ -615,9 +693,11 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
       pv_m_tile(std::integral_constant<int, 6>{});
       pv_m_tile(std::integral_constant<int, 7>{});
     }
-  };
+  }
 
-  auto compute_tile = [&](const TileRegs<kSlices>& r, int i) {
+  /// This warp's i-th tile, held in r: scores, softmax, P·V (on the CUDA cores where a V block of
+  /// the tile may leave fp16's range).
+  __device__ __forceinline__ void compute_tile(const Tile& r, int i) {
     const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
     const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
     float s[kNT][4];
@@ -629,72 +709,127 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
     for (int c = 0; c < kSlices; ++c)
 #pragma unroll
       for (int j = 0; j < 4; ++j) wide = wide || v_header_maybe_wide(r.vh[c][j].x);
-    if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), MutantSite::decode_mma_direct))
+    if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), kSite))
       accumulate_pv_f32(pr, key0, valid);
     else
       accumulate_pv(r, pr);
-  };
+  }
+
+  /// This warp's m, l (summed over the lane groups) and o into shared memory, for the merge of
+  /// the 4 warps into the split's partial.
+  __device__ __forceinline__ void stage_warp_results() {
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float& l = state.l[2 * n + hh];
+        l = sum_over_lane_groups(l);
+        if (g == 0) {
+          m_s[warp][8 * n + 2 * t + hh] = state.m[2 * n + hh];
+          l_s[warp][8 * n + 2 * t + hh] = l;
+        }
+      }
+#pragma unroll
+    for (int n = 0; n < kNT; ++n)
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          o_s[warp][8 * n + 2 * t + (e & 1)][kSliceDims * (m / 8) + v_dim(m % 8, g, e >> 1)] =
+              o[n][m][e];
+  }
+
+  /// The split's partial from the staged results of the 4 warps.
+  __device__ __forceinline__ void merge_warps() const {
+    merge_warps_into_partial<kWarps, kThreads>(range, kD, kHeads, &m_s[0][0], &l_s[0][0],
+                                               &w_s[0][0], &o_s[0][0][0], kOStride);
+  }
+};
+
+/// One block per (split, KV head); DirectBlock says what the template parameters select.
+template <int kD, int kNT, bool kBulk, bool kBatch>
+__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk
+                                                                      : SplitKernel::mma_direct,
+                                                                kD, 8 * kNT))
+    decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
+  static_assert(
+      split_instance_built(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, kD, 8 * kNT));
+  using Block = DirectBlock<kD, kNT, kBulk, kBatch>;
+  using Ring = typename Block::Ring;
+  constexpr int kHeads = Block::kHeads, kOStride = Block::kOStride;
+  // NOTE: q̃ stays in registers at head dim 256 too (238 at its 255 cap): the bulk ring holds the
+  // next tile, so only one tile of operands is live, and q̃ in shared memory would add a load to
+  // every score mma.
+  __shared__ float m_s[kWarps][kHeads], l_s[kWarps][kHeads], w_s[kWarps][kHeads];
+  __shared__ __align__(16) float o_static[kBulk ? 1 : kWarps][kHeads][kOStride];
+  extern __shared__ __align__(128) std::uint8_t ring[];
+  __shared__ std::uint64_t bars[kBulk ? kWarps * Ring::kStages : 1];
+  // Bulk: the merge staging reuses the ring once every warp is done with it.
+  using OStage = typename Block::OStage;
+  static_assert(!kBulk || sizeof(OStage) <= Ring::kBytes);
+  OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
+  __shared__ const std::uint8_t* planes_s[2];  // batch: see share_planes
+
+  const SplitRange range =
+      begin_split<kBatch>(p, kD, split_granule(SplitKernel::mma_direct, kD), Block::kSite);
+  if (!range.active) return;  // block-uniform: no barrier has been reached yet
+
+  // The thread's registers (DirectBlock says what each holds, and why they are locals here).
+  typename Block::QFrags qb;
+  int k_key[2], v_key[4];
+  unsigned k_off[2], v_off[4];
+  typename Block::State state;
+  typename Block::Acc o;
+  Block b(p, maps, range, m_s, l_s, w_s, o_s, ring, bars, planes_s, qb, k_key, v_key, k_off, v_off,
+          state, o);
+  if constexpr (kBulk) b.start_ring();
+  b.load_q();
+  b.select_bytes();
+  b.share_planes();
+  b.tile_offsets();
+  b.reset();
 
   // Double-buffered registers: tile i + 1's loads are in flight while tile i computes.
   // Registers rather than a shared-memory pipeline or an L2 prefetch: both were slower at long
   // views (bench/NOTES.md).
   if constexpr (kBulk) {
-    TileRegs<kSlices> r;
+    typename Block::Tile r;
     int s = 0;
     unsigned parity = 0;
-    for (int i = 0; i < my_tiles; ++i) {
-      read_tile(r, s, parity);
-      compute_tile(r, i);
+    for (int i = 0; i < b.my_tiles; ++i) {
+      b.read_tile(r, s, parity);
+      b.compute_tile(r, i);
       // The stage is free: compute_tile's warp-wide mma consumed every lane's reads of it.
-      if (i + Ring::kStages < my_tiles) {
+      if (i + Ring::kStages < b.my_tiles) {
         __syncwarp();
-        issue_tile(s, i + Ring::kStages);
+        b.issue_tile(s, i + Ring::kStages);
       }
       if (++s == Ring::kStages) {
         s = 0;
         if (KVLAYER_DEVICE_MUTANT(ring_parity_not_flipped))
-          KVLAYER_MUTANT_REACHED(MutantSite::decode_mma_direct);  // planted bug (deadlocks)
+          KVLAYER_MUTANT_REACHED(Block::kSite);  // planted bug (deadlocks)
         else
           parity ^= 1u;
       }
     }
     __syncthreads();  // every warp is done with the ring before o_s reuses it
   } else {
-    TileRegs<kSlices> buf0, buf1;
-    if (my_tiles > 0) load_tile(buf0, 0);
-    for (int i = 0; i < my_tiles; i += 2) {
-      if (i + 1 < my_tiles) load_tile(buf1, i + 1);
-      compute_tile(buf0, i);
-      if (i + 1 < my_tiles) {
-        if (i + 2 < my_tiles) load_tile(buf0, i + 2);
-        compute_tile(buf1, i + 1);
+    typename Block::Tile buf0, buf1;
+    if (b.my_tiles > 0) b.load_tile(buf0, 0);
+    for (int i = 0; i < b.my_tiles; i += 2) {
+      if (i + 1 < b.my_tiles) b.load_tile(buf1, i + 1);
+      b.compute_tile(buf0, i);
+      if (i + 1 < b.my_tiles) {
+        if (i + 2 < b.my_tiles) b.load_tile(buf0, i + 2);
+        b.compute_tile(buf1, i + 1);
       }
     }
   }
 
   // ---- Merge the 4 warps into the split's partial. ----
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      float& l = state.l[2 * n + hh];
-      l = sum_over_lane_groups(l);
-      if (g == 0) {
-        m_s[warp][8 * n + 2 * t + hh] = state.m[2 * n + hh];
-        l_s[warp][8 * n + 2 * t + hh] = l;
-      }
-    }
-#pragma unroll
-  for (int n = 0; n < kNT; ++n)
-#pragma unroll
-    for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        o_s[warp][8 * n + 2 * t + (e & 1)][kSliceDims * (m / 8) + v_dim(m % 8, g, e >> 1)] =
-            o[n][m][e];
+  b.stage_warp_results();
   __syncthreads();
-  merge_warps_into_partial<kWarps, kThreads>(range, kD, kHeads, &m_s[0][0], &l_s[0][0], &w_s[0][0],
-                                             &o_s[0][0][0], kOStride);
+  b.merge_warps();
 }
 
 /// The kernel instance for (head_dim, rows): 128 × 8 and 128 × 16 register-direct, 256 × 8 bulk
