@@ -11,13 +11,14 @@
 #   mut    tools/mutants (the full list, MJOBS at a time, default 13, 1 minute each) ∥
 #          default_scale_f16 alone at 3.5 minutes (DSF=0: not), then tools/bench-ab (--verify,
 #          one round) of the packed builds while time is left;
-#   ab     tools/bench-ab alone.
+#   ab     tools/bench-ab alone;
+#   all    check, mut and ab in one call (smaller campaign, mutants given more time each).
 # Usage: bash tools/device-gate-remote.sh PHASE BUDGET_S   (environment: PACK, default
 # .devpack/gate: val.tar.xz (build-device/bin), mut.tar.xz (build-mutants/bin/kvlayer),
 # ab.tar.xz (tools/bench-ab --pack), COMMIT; AB_ROUNDS (default 1) and AB_ARGS, more bench-ab
 # arguments such as --variant cc=new:KVLAYER_DECODE_KERNEL=cuda_core)
 set -u
-phase=${1:?phase: check, mut or ab}
+phase=${1:?phase: check, mut, ab or all}
 budget=${2:?budget in seconds}
 t0=$(date +%s)
 left() { echo $((budget - ($(date +%s) - t0))); }
@@ -73,12 +74,36 @@ case $phase in
         --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
     fi
     ;;
+  all)
+    # Every phase at once, for a session with device time for one call only: device-check ∥ a
+    # smaller campaign (CAMPAIGN_PROCS default 6) ∥ the mutants (MJOBS default 12, MMIN minutes
+    # each, default 1.5: the GPU is shared) ∥ default_scale_f16; then bench-ab while time is left.
+    tar -xJf "$D/mut.tar.xz"
+    (OUT=$L/dc KVLAYER_SANITIZE_TIMEOUT=240 timeout $(($(left) - 40)) \
+      bash tools/device-check-remote.sh build-device "$origin" >"$L/device-check.txt" 2>&1
+     echo "exit $?" >>"$L/device-check.txt") &
+    (OUT=$L/campaign timeout $(($(left) - 40)) bash tools/device-campaign.sh build-device \
+      "${CAMPAIGN_PROCS:-6}" "${CAMPAIGN_MIN:-4}" >"$L/campaign.txt" 2>&1
+     echo "exit $?" >>"$L/campaign.txt") &
+    (JOBS=${MJOBS:-12} OUT=$L/mutants timeout $(($(left) - 60)) tools/mutants build-mutants \
+      "${MMIN:-1.5}" >"$L/mutants.txt" 2>&1
+     echo "exit $?" >>"$L/mutants.txt") &
+    (JOBS=2 MUTANTS_ONLY='^default_scale_f16$' OUT=$L/dsf timeout $(($(left) - 60)) \
+      tools/mutants build-mutants 3.5 >"$L/default-scale-f16.txt" 2>&1
+     echo "exit $?" >>"$L/default-scale-f16.txt") &
+    wait
+    echo "all done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
+    if [[ -f $D/ab.tar.xz ]] && (($(left) > 60)); then
+      timeout $(($(left) - 15)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds 1 \
+        --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
+    fi
+    ;;
   ab)
     timeout $(($(left) - 10)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds "${AB_ROUNDS:-1}" \
       --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
     ;;
   *)
-    echo "device-gate-remote: unknown phase $phase (check, mut, ab)" >&2
+    echo "device-gate-remote: unknown phase $phase (check, mut, ab, all)" >&2
     exit 2
     ;;
 esac
