@@ -6,8 +6,8 @@
 # stopping what it starts before BUDGET_S seconds and returning every log in ONE file,
 # $OUT/logs.tar.xz (the device tool returns only a few files of $OUT):
 #   check  tools/device-check-remote.sh ∥ tools/device-campaign.sh (CAMPAIGN_PROCS × CAMPAIGN_MIN
-#          minutes, default 10 × 4), then `kvlayer sensitivity --gpu` per head dim while time is
-#          left;
+#          minutes, default 10 × 4) [∥ default_scale_f16 with DSF_CHECK=1], then `kvlayer
+#          sensitivity --gpu` per head dim while time is left;
 #   mut    tools/mutants (the full list, MJOBS at a time, default 13, 1 minute each) ∥
 #          default_scale_f16 alone at 3.5 minutes (DSF=0: not), then tools/bench-ab (--verify,
 #          one round) of the packed builds while time is left;
@@ -44,6 +44,12 @@ case $phase in
     (OUT=$L/campaign timeout $(($(left) - 40)) bash tools/device-campaign.sh build-device \
       "${CAMPAIGN_PROCS:-10}" "${CAMPAIGN_MIN:-4}" >"$L/campaign.txt" 2>&1
      echo "exit $?" >>"$L/campaign.txt") &
+    if [[ ${DSF_CHECK:-0} == 1 ]]; then  # default_scale_f16 here, so that mut can be short
+      tar -xJf "$D/mut.tar.xz"
+      (JOBS=2 MUTANTS_ONLY='^default_scale_f16$' OUT=$L/dsf timeout $(($(left) - 40)) \
+        tools/mutants build-mutants 3.5 >"$L/default-scale-f16.txt" 2>&1
+       echo "exit $?" >>"$L/default-scale-f16.txt") &
+    fi
     wait
     echo "check done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
     if (($(left) > 90)); then
