@@ -36,20 +36,40 @@ cat "$D/COMMIT" >"$L/commit.txt" 2>/dev/null
 # The binaries were built in the checkout at origin (their source paths point there).
 origin=$(cat "$D/ORIGIN" 2>/dev/null || echo "$PWD")
 [[ $phase == ab ]] || tar -xJf "$D/val.tar.xz"
+[[ $phase == mut || $phase == all || ${DSF_CHECK:-0} == 1 ]] && tar -xJf "$D/mut.tar.xz"
+
+# The jobs, each stopping MARGIN seconds before the budget and ending its log with its exit.
+device_check() {  # MARGIN
+  (OUT=$L/dc KVLAYER_SANITIZE_TIMEOUT=240 timeout $(($(left) - $1)) \
+    bash tools/device-check-remote.sh build-device "$origin" >"$L/device-check.txt" 2>&1
+   echo "exit $?" >>"$L/device-check.txt")
+}
+campaign() {  # MARGIN PROCESSES
+  (OUT=$L/campaign timeout $(($(left) - $1)) bash tools/device-campaign.sh build-device "$2" \
+    "${CAMPAIGN_MIN:-4}" >"$L/campaign.txt" 2>&1
+   echo "exit $?" >>"$L/campaign.txt")
+}
+mutant_list() {  # MARGIN JOBS MINUTES
+  (JOBS=$2 OUT=$L/mutants timeout $(($(left) - $1)) tools/mutants build-mutants "$3" \
+    >"$L/mutants.txt" 2>&1
+   echo "exit $?" >>"$L/mutants.txt")
+}
+default_scale_f16() {  # MARGIN: the mutant that needs minutes of cases, on its own
+  (JOBS=2 MUTANTS_ONLY='^default_scale_f16$' OUT=$L/dsf timeout $(($(left) - $1)) \
+    tools/mutants build-mutants 3.5 >"$L/default-scale-f16.txt" 2>&1
+   echo "exit $?" >>"$L/default-scale-f16.txt")
+}
+bench_ab() {  # MARGIN
+  [[ -f $D/ab.tar.xz ]] || return 0
+  timeout $(($(left) - $1)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" \
+    --rounds "${AB_ROUNDS:-1}" --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
+}
 case $phase in
   check)
-    (OUT=$L/dc KVLAYER_SANITIZE_TIMEOUT=240 timeout $(($(left) - 40)) \
-      bash tools/device-check-remote.sh build-device "$origin" >"$L/device-check.txt" 2>&1
-     echo "exit $?" >>"$L/device-check.txt") &
-    (OUT=$L/campaign timeout $(($(left) - 40)) bash tools/device-campaign.sh build-device \
-      "${CAMPAIGN_PROCS:-10}" "${CAMPAIGN_MIN:-4}" >"$L/campaign.txt" 2>&1
-     echo "exit $?" >>"$L/campaign.txt") &
-    if [[ ${DSF_CHECK:-0} == 1 ]]; then  # default_scale_f16 here, so that mut can be short
-      tar -xJf "$D/mut.tar.xz"
-      (JOBS=2 MUTANTS_ONLY='^default_scale_f16$' OUT=$L/dsf timeout $(($(left) - 40)) \
-        tools/mutants build-mutants 3.5 >"$L/default-scale-f16.txt" 2>&1
-       echo "exit $?" >>"$L/default-scale-f16.txt") &
-    fi
+    device_check 40 &
+    campaign 40 "${CAMPAIGN_PROCS:-10}" &
+    # default_scale_f16 here with DSF_CHECK=1, so that mut can be short
+    [[ ${DSF_CHECK:-0} == 1 ]] && default_scale_f16 40 &
     wait
     echo "check done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
     if (($(left) > 90)); then
@@ -61,52 +81,25 @@ case $phase in
     fi
     ;;
   mut)
-    tar -xJf "$D/mut.tar.xz"
-    (JOBS=${MJOBS:-13} OUT=$L/mutants timeout $(($(left) - 100)) tools/mutants build-mutants 1 \
-      >"$L/mutants.txt" 2>&1
-     echo "exit $?" >>"$L/mutants.txt") &
-    m1=$!
-    m2=
-    if [[ ${DSF:-1} == 1 ]]; then
-      (JOBS=2 MUTANTS_ONLY='^default_scale_f16$' OUT=$L/dsf timeout $(($(left) - 100)) \
-        tools/mutants build-mutants 3.5 >"$L/default-scale-f16.txt" 2>&1
-       echo "exit $?" >>"$L/default-scale-f16.txt") &
-      m2=$!
-    fi
-    wait $m1 $m2
+    mutant_list 100 "${MJOBS:-13}" 1 &
+    [[ ${DSF:-1} == 1 ]] && default_scale_f16 100 &
+    wait
     echo "mutants done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
-    if [[ -f $D/ab.tar.xz ]] && (($(left) > 60)); then
-      timeout $(($(left) - 15)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds "${AB_ROUNDS:-1}" \
-        --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
-    fi
+    (($(left) > 60)) && bench_ab 15
     ;;
   all)
-    # Every phase at once, for a session with device time for one call only: device-check ∥ a
-    # smaller campaign (CAMPAIGN_PROCS default 6) ∥ the mutants (MJOBS default 12, MMIN minutes
-    # each, default 1.5: the GPU is shared) ∥ default_scale_f16; then bench-ab while time is left.
-    tar -xJf "$D/mut.tar.xz"
-    (OUT=$L/dc KVLAYER_SANITIZE_TIMEOUT=240 timeout $(($(left) - 40)) \
-      bash tools/device-check-remote.sh build-device "$origin" >"$L/device-check.txt" 2>&1
-     echo "exit $?" >>"$L/device-check.txt") &
-    (OUT=$L/campaign timeout $(($(left) - 40)) bash tools/device-campaign.sh build-device \
-      "${CAMPAIGN_PROCS:-6}" "${CAMPAIGN_MIN:-4}" >"$L/campaign.txt" 2>&1
-     echo "exit $?" >>"$L/campaign.txt") &
-    (JOBS=${MJOBS:-12} OUT=$L/mutants timeout $(($(left) - 60)) tools/mutants build-mutants \
-      "${MMIN:-1.5}" >"$L/mutants.txt" 2>&1
-     echo "exit $?" >>"$L/mutants.txt") &
-    (JOBS=2 MUTANTS_ONLY='^default_scale_f16$' OUT=$L/dsf timeout $(($(left) - 60)) \
-      tools/mutants build-mutants 3.5 >"$L/default-scale-f16.txt" 2>&1
-     echo "exit $?" >>"$L/default-scale-f16.txt") &
+    # Every phase at once, for a session with device time for one call only: a smaller campaign,
+    # the mutants given more minutes each (the GPU is shared); then bench-ab while time is left.
+    device_check 40 &
+    campaign 40 "${CAMPAIGN_PROCS:-6}" &
+    mutant_list 60 "${MJOBS:-12}" "${MMIN:-1.5}" &
+    default_scale_f16 60 &
     wait
     echo "all done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
-    if [[ -f $D/ab.tar.xz ]] && (($(left) > 60)); then
-      timeout $(($(left) - 15)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds 1 \
-        --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
-    fi
+    (($(left) > 60)) && bench_ab 15
     ;;
   ab)
-    timeout $(($(left) - 10)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" --rounds "${AB_ROUNDS:-1}" \
-      --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
+    bench_ab 10
     ;;
   *)
     echo "device-gate-remote: unknown phase $phase (check, mut, ab, all)" >&2
