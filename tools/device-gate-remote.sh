@@ -15,8 +15,9 @@
 #   all    check, mut and ab in one call (smaller campaign, mutants given more time each).
 # Usage: bash tools/device-gate-remote.sh PHASE BUDGET_S   (environment: PACK, default
 # .devpack/gate: val.tar.xz (build-device/bin), mut.tar.xz (build-mutants/bin/kvlayer),
-# ab.tar.xz (tools/bench-ab --pack), COMMIT; AB_ROUNDS (default 1) and AB_ARGS, more bench-ab
-# arguments such as --variant cc=new:KVLAYER_DECODE_KERNEL=cuda_core)
+# ab.tar.xz (tools/bench-ab --pack), COMMIT; AB_ROUNDS (default 1), AB_VERIFY (default 1: the
+# verify rows too) and AB_ARGS, more bench-ab arguments such as --variant
+# cc=new:KVLAYER_DECODE_KERNEL=cuda_core; MUT_MARGIN, the seconds mut keeps for bench-ab)
 set -u
 phase=${1:?phase: check, mut, ab or all}
 budget=${2:?budget in seconds}
@@ -62,7 +63,8 @@ default_scale_f16() {  # MARGIN: the mutant that needs minutes of cases, on its 
 bench_ab() {  # MARGIN
   [[ -f $D/ab.tar.xz ]] || return 0
   timeout $(($(left) - $1)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" \
-    --rounds "${AB_ROUNDS:-1}" --verify --out "$L/bench-ab" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
+    --rounds "${AB_ROUNDS:-1}" $([[ ${AB_VERIFY:-1} == 1 ]] && echo --verify) --out "$L/bench-ab" \
+    ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
 }
 case $phase in
   check)
@@ -81,8 +83,8 @@ case $phase in
     fi
     ;;
   mut)
-    mutant_list 100 "${MJOBS:-13}" 1 &
-    [[ ${DSF:-1} == 1 ]] && default_scale_f16 100 &
+    mutant_list "${MUT_MARGIN:-100}" "${MJOBS:-13}" 1 &
+    [[ ${DSF:-1} == 1 ]] && default_scale_f16 "${MUT_MARGIN:-100}" &
     wait
     echo "mutants done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
     (($(left) > 60)) && bench_ab 15
