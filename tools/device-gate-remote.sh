@@ -17,7 +17,8 @@
 # .devpack/gate: val.tar.xz (build-device/bin), mut.tar.xz (build-mutants/bin/kvlayer),
 # ab.tar.xz (tools/bench-ab --pack), COMMIT; AB_ROUNDS (default 1), AB_VERIFY (default 1: the
 # verify rows too) and AB_ARGS, more bench-ab arguments such as --variant
-# cc=new:KVLAYER_DECODE_KERNEL=cuda_core; MUT_MARGIN, the seconds mut keeps for bench-ab)
+# cc=new:KVLAYER_DECODE_KERNEL=cuda_core; AB_BENCH_ARGS, kvlayer bench arguments for every run;
+# MUT_MARGIN, the seconds mut keeps for bench-ab)
 set -u
 phase=${1:?phase: check, mut, ab or all}
 budget=${2:?budget in seconds}
@@ -64,7 +65,7 @@ bench_ab() {  # MARGIN
   [[ -f $D/ab.tar.xz ]] || return 0
   timeout $(($(left) - $1)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" \
     --rounds "${AB_ROUNDS:-1}" $([[ ${AB_VERIFY:-1} == 1 ]] && echo --verify) --out "$L/bench-ab" \
-    ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
+    --bench-args "${AB_BENCH_ARGS:-}" ${AB_ARGS:-} >"$L/bench-ab.txt" 2>&1
 }
 case $phase in
   check)

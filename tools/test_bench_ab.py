@@ -113,6 +113,25 @@ with tempfile.TemporaryDirectory() as tmp:
     check(p.returncode != 0 and "'knob=other:X=1' is not NAME=BUILD:VAR=VALUE" in p.stderr,
           f"variant of no packed build: {p.returncode} {p.stderr!r}")
 
+    # --bench-args reach every run, after bench's own arguments.
+    with open(os.path.join(tmp, "argy"), "w") as f:
+        f.write("#!/bin/sh\n"
+                f"echo \"$*\" >> {order}\n"
+                f"cat {tmp}/old.0\n")
+    os.chmod(os.path.join(tmp, "argy"), 0o755)
+    argy = os.path.join(tmp, "argy.tar.xz")
+    with tarfile.open(argy, "w:xz") as tar:
+        tar.add(os.path.join(tmp, "argy"), arcname="argy")
+    os.remove(order)
+    p = subprocess.run([sys.executable, SCRIPT, "--unpack", argy, "--rounds", "1",
+                        "--bench-args", "--decode-only 16384 --shape 8x64x8"],
+                       capture_output=True, text=True)
+    with open(order) as f:
+        got = f.read().strip()
+    check(p.returncode == 0 and
+          got == "bench --no-accuracy --no-verify --decode-only 16384 --shape 8x64x8",
+          f"bench-args: {p.returncode} {p.stderr!r} {got!r}")
+
     # A build that fails names itself and its round.
     with open(os.path.join(tmp, "bad"), "w") as f:
         f.write("#!/bin/sh\necho no CUDA device >&2\nexit 1\n")

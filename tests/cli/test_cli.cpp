@@ -400,8 +400,8 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
                      "kvlayer bench: --decode-only '63' must be an integer in [64, 16777216]\n"});
     cases.push_back({{"bench", "--decode-only", "1024", "--shape", "8x100x8"},
                      2,
-                     "kvlayer bench: --shape '8x100x8' must be KVxDxG with KV in [1, 64], D 64, "
-                     "128 or 256, G in [1, 16]\n"});
+                     "kvlayer bench: --shape '8x100x8' must be KVxDxG with KV in [1, 64], D one "
+                     "of 64, 128, 256, G in [1, 16]\n"});
     cases.push_back({{"bench", "--shape", "1x128x16"},
                      2,
                      "kvlayer bench: --shape applies to --decode-only only\n"});

@@ -21,6 +21,7 @@
 #include "gpu_timing.hpp"
 #include "kvlayer/cuda/kv_batch.hpp"
 #include "kvlayer/cuda/kv_layer.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
 #include "stream_read.hpp"
@@ -484,10 +485,10 @@ int run_bench(const std::vector<std::string>& args) {
   if (auto shape = o.get("shape")) {
     char tail = 0;
     if (std::sscanf(shape->c_str(), "%dx%dx%d%c", &shape_kv, &shape_d, &shape_gqa, &tail) != 3 ||
-        shape_kv < 1 || shape_kv > 64 || (shape_d != 64 && shape_d != 128 && shape_d != 256) ||
-        shape_gqa < 1 || shape_gqa > 16)
-      throw UsageError("--shape '" + *shape +
-                       "' must be KVxDxG with KV in [1, 64], D 64, 128 or 256, G in [1, 16]");
+        shape_kv < 1 || shape_kv > 64 || !cuda::head_dim_supported(shape_d) || shape_gqa < 1 ||
+        shape_gqa > 16)
+      throw UsageError("--shape '" + *shape + "' must be KVxDxG with KV in [1, 64], D one of " +
+                       cuda::supported_head_dims() + ", G in [1, 16]");
     if (decode_only == 0) throw UsageError("--shape applies to --decode-only only");
   }
   int n = 0;
