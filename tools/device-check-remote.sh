@@ -28,6 +28,8 @@
 # (processes they are split over, default 8), KVLAYER_SANITIZE_SHARDS_<TOOL> (the same for one
 # tool), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
 # KVLAYER_MODEL_SHARDS (processes test_model_cuda's cases are split over, default 4; 1: one),
+# KVLAYER_GTEST_SHARDS (processes the longest GoogleTest binaries, the layer and long-view
+# suites, are split over by GoogleTest's own sharding, default 4, at most one per test; 1: one),
 # KVLAYER_SANITIZE_SEQUENTIAL=1 (the four tools one after another, for many shards),
 # KVLAYER_SANITIZE_MAX_SIZE_<TOOL> (commands in the largest model case under TOOL, default 60;
 # racecheck 40),
@@ -40,6 +42,8 @@ origin=${2:-}
 out=${OUT:-$PWD/device-check-out}
 test_timeout=${KVLAYER_TEST_TIMEOUT:-480}  # test_model_cuda's 200 cases: ~6 min with §11 commands
 model_shards=${KVLAYER_MODEL_SHARDS:-4}    # processes test_model_cuda's cases are split over
+gtest_shards=${KVLAYER_GTEST_SHARDS:-4}    # processes each of the longest binaries is split over
+sharded_binaries=" kvlayer_cuda_layer_tests kvlayer_long_view_test "  # ~260 and ~300 s alone
 sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-300}
 sanitize_cases=${KVLAYER_SANITIZE_GPU_CASES:-25}  # model-based cases under each sanitizer
 sanitize_shards=${KVLAYER_SANITIZE_SHARDS:-8}     # processes they are split over, per tool
@@ -182,6 +186,17 @@ fi
       run_step "test ${b##*/} shard $shard/$model_shards" "$work/logs/test_${b##*/}_$shard.log" \
         "$test_timeout" env KVLAYER_GPU_SHARD=$shard KVLAYER_GPU_SHARDS=$model_shards \
         "$b" --gtest_color=no &
+    done
+    continue
+  fi
+  if [[ $sharded_binaries == *" ${b##*/} "* ]] && ((gtest_shards > 1)); then
+    # GoogleTest's sharding: shard i of k runs every k-th test; no more shards than tests (an
+    # empty shard would read "no tests ran").
+    tests=$(timeout 30 "$b" --gtest_list_tests | grep -c '^  ')
+    k=$((tests < gtest_shards ? tests : gtest_shards))
+    for ((shard = 0; shard < k; ++shard)); do
+      run_step "test ${b##*/} shard $shard/$k" "$work/logs/test_${b##*/}_$shard.log" \
+        "$test_timeout" env GTEST_TOTAL_SHARDS=$k GTEST_SHARD_INDEX=$shard "$b" --gtest_color=no &
     done
     continue
   fi
