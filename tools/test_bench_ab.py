@@ -40,6 +40,18 @@ def bench_text(dc1k, dcw, verify_t2):
     ]) + "\n"
 
 
+def fake_build(tmp, name, script):
+    """A packed build: the shell script `script` as the binary `name`, alone in NAME.tar.xz."""
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n" + script)
+    os.chmod(path, 0o755)
+    archive = os.path.join(tmp, f"{name}.tar.xz")
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(path, arcname=name)
+    return archive
+
+
 # ---- the parser ----
 r = ab.rows(bench_text(10.5, 12.25, 17.75))
 check(len(r) == 3, f"rows: 3 graph rows expected, got {sorted(r)}")
@@ -90,14 +102,8 @@ with tempfile.TemporaryDirectory() as tmp:
           "run: --out keeps every run's output")
 
     # A variant runs a packed build under extra environment variables, in the round-robin.
-    with open(os.path.join(tmp, "envy"), "w") as f:
-        f.write("#!/bin/sh\n"
-                f"echo envy-$AB_KNOB >> {order}\n"
-                f"case \"$AB_KNOB\" in on) cat {tmp}/new.0;; *) cat {tmp}/old.0;; esac\n")
-    os.chmod(os.path.join(tmp, "envy"), 0o755)
-    envy = os.path.join(tmp, "envy.tar.xz")
-    with tarfile.open(envy, "w:xz") as tar:
-        tar.add(os.path.join(tmp, "envy"), arcname="envy")
+    envy = fake_build(tmp, "envy", f"echo envy-$AB_KNOB >> {order}\n"
+                      f"case \"$AB_KNOB\" in on) cat {tmp}/new.0;; *) cat {tmp}/old.0;; esac\n")
     os.remove(order)
     p = subprocess.run([sys.executable, SCRIPT, "--unpack", envy, "--rounds", "1",
                         "--variant", "knob=envy:AB_KNOB=on"], capture_output=True, text=True)
@@ -114,14 +120,7 @@ with tempfile.TemporaryDirectory() as tmp:
           f"variant of no packed build: {p.returncode} {p.stderr!r}")
 
     # --bench-args reach every run, after bench's own arguments.
-    with open(os.path.join(tmp, "argy"), "w") as f:
-        f.write("#!/bin/sh\n"
-                f"echo \"$*\" >> {order}\n"
-                f"cat {tmp}/old.0\n")
-    os.chmod(os.path.join(tmp, "argy"), 0o755)
-    argy = os.path.join(tmp, "argy.tar.xz")
-    with tarfile.open(argy, "w:xz") as tar:
-        tar.add(os.path.join(tmp, "argy"), arcname="argy")
+    argy = fake_build(tmp, "argy", f"echo \"$*\" >> {order}\ncat {tmp}/old.0\n")
     os.remove(order)
     p = subprocess.run([sys.executable, SCRIPT, "--unpack", argy, "--rounds", "1",
                         "--bench-args", "--decode-only 16384 --shape 8x64x8"],
@@ -133,12 +132,7 @@ with tempfile.TemporaryDirectory() as tmp:
           f"bench-args: {p.returncode} {p.stderr!r} {got!r}")
 
     # A build that fails names itself and its round.
-    with open(os.path.join(tmp, "bad"), "w") as f:
-        f.write("#!/bin/sh\necho no CUDA device >&2\nexit 1\n")
-    os.chmod(os.path.join(tmp, "bad"), 0o755)
-    bad = os.path.join(tmp, "bad.tar.xz")
-    with tarfile.open(bad, "w:xz") as tar:
-        tar.add(os.path.join(tmp, "bad"), arcname="bad")
+    bad = fake_build(tmp, "bad", "echo no CUDA device >&2\nexit 1\n")
     p = subprocess.run([sys.executable, SCRIPT, "--unpack", bad], capture_output=True, text=True)
     check(p.returncode != 0 and "bad round 1 exited 1" in p.stderr and "no CUDA device" in p.stderr,
           f"failing build: {p.returncode} {p.stderr!r}")
