@@ -195,39 +195,80 @@ struct ChunkWalk {
   }
 };
 
-/// One block per (split, KV head) — and, for a verify decode of more than 16 query rows, per
-/// 16 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
-/// are padding and skipped; else 16). kRows: a verify decode (SPEC §11): the block's row r is
-/// query r / gqa, which attends only the keys of its own causal window.
+/// One thread's share of a staged block (decode_split_mma_kernel<D, GM, kRows>): what every phase
+/// reads (the split, shared memory, this lane's place in its warp, the warp's tiles and stages,
+/// the lane's copy walks) and, by reference, the thread's registers (q̃ as A fragments, its rows'
+/// views, the running softmax and the PV accumulators). The phases are its member functions, in
+/// the kernel's order.
+///
+/// NOTE: the registers are the kernel's locals, one variable each, that the object refers to, as
+/// VerifyBlock's are (decode_mma_verify.cu): as members, the arrays (indexed by loop counters
+/// until the loops are unrolled) keep the whole object in memory through the early optimizations.
 template <int D, int GM, bool kRows, bool kBatch>
-__global__ void __launch_bounds__(
-    kThreads, split_blocks_per_sm(kRows ? SplitKernel::mma_verify_staged : SplitKernel::mma_staged,
-                                  D, GM)) decode_split_mma_kernel(const SplitParams p) {
-  static_assert(split_instance_built(
-      kRows ? SplitKernel::mma_verify_staged : SplitKernel::mma_staged, D, GM));
+struct StagedBlock {
   using S = MmaShape<D>;
-  constexpr int NB = S::kBlocks;
-  constexpr int NT = D / 8;  // PV n-tiles
-  constexpr bool kHi = GM == 16;
-  constexpr int kC = kHi ? 4 : 2;  // accumulator registers kept per n-tile
-  extern __shared__ __align__(16) std::uint8_t smem[];
+  static constexpr int NB = S::kBlocks;
+  static constexpr int NT = D / 8;  // PV n-tiles
+  static constexpr bool kHi = GM == 16;
+  static constexpr int kC = kHi ? 4 : 2;  // accumulator registers kept per n-tile
+  // Per-warp state. Row r = 0: head g; r = 1: head g + 8 (GM 16 only).
+  static constexpr int R = kHi ? 2 : 1;
+  static constexpr MutantSite kSite = MutantSite::decode_mma_staged;
+  using QFrags = unsigned[NB][2][kHi ? 4 : 2];
+  using RowBounds = long long[R];
+  using State = SoftmaxState<R>;
+  using Acc = float[NT][kC];
+  using Scores = float[2][kC];  // [nt][c]: keys 8nt + 2t + (c & 1), row c >> 1 (C layout)
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32, lane = tid % 32;
-  const int g = lane >> 2, t = lane & 3;  // groupID, threadID_in_group
-  const int G = p.gqa;
+  const SplitParams& p;
+  std::uint8_t* const smem;
+  const int tid, warp, lane;
+  const int g, t;  // groupID, threadID_in_group
+  const int G;
+  SplitRange range;  // set by find_split (the constructor, before it, places the lane)
+  // The tile walk's plan, set by plan_tiles (after q̃'s loads, not by the constructor).
+  int ev_a, ev_b;
+  unsigned ev_sel;
+  int my_tiles;
+  std::uint8_t* wsmem;
+  ChunkWalk k_walk, v_walk;
 
-  const SplitRange range = begin_split<kBatch>(p, D, split_granule(SplitKernel::mma_staged, D),
-                                               MutantSite::decode_mma_staged);
-  if (!range.active) return;  // block-uniform: no barrier has been reached yet
-  const int kv = range.kv;
-  const long long lo = range.lo, hi = range.hi;
-
-  // ---- q̃ as A fragments, for the whole split: qa[b][ks][r], r = a0..a3 of the PTX layout. ----
+  // q̃ as A fragments, for the whole split: qa[b][ks][r], r = a0..a3 of the PTX layout.
   // a0: row g, slots 2t+e; a1: row g+8, slots 2t+e; a2: row g, 2t+8+e; a3: row g+8, 2t+8+e.
-  unsigned qa[NB][2][kHi ? 4 : 2];
-  {
-    const float* q_kv = range.q + (long long)kv * G * D;
+  QFrags& qa;
+  // kRows: the keys [row_lo, row_hi) each of this lane's rows attends (SPEC §11: query i at
+  // position p_i = len − T + i sees [max(0, p_i + 1 − window), p_i + 1)); padding rows none.
+  RowBounds& row_lo;
+  RowBounds& row_hi;
+  State& state;  // m identical in the 4 lanes of a row; l per lane (its keys)
+  Acc& o;
+
+  __device__ __forceinline__ StagedBlock(const SplitParams& params, std::uint8_t* shared,
+                                         QFrags& q_frags, RowBounds& rows_lo, RowBounds& rows_hi,
+                                         State& softmax, Acc& acc)
+      : p(params),
+        smem(shared),
+        tid(threadIdx.x),
+        warp(tid / 32),
+        lane(tid % 32),
+        g(lane >> 2),
+        t(lane & 3),
+        G(params.gqa),
+        qa(q_frags),
+        row_lo(rows_lo),
+        row_hi(rows_hi),
+        state(softmax),
+        o(acc) {}
+
+  /// The block's split (begin_split); false: nothing to do.
+  __device__ __forceinline__ bool find_split() {
+    range = begin_split<kBatch>(p, D, split_granule(SplitKernel::mma_staged, D), kSite);
+    return range.active;
+  }
+
+  /// q̃'s A fragments (qa) for the whole split.
+  __device__ __forceinline__ void load_q() {
+    const float* q_kv = range.q + (long long)range.kv * G * D;
     const int n_kv = int(gridDim.y);
 #pragma unroll
     for (int b = 0; b < NB; ++b)
@@ -239,47 +280,97 @@ __global__ void __launch_bounds__(
           const int row = g + (kHi ? 8 * (r & 1) : 0);
           const int h = kHi ? r >> 1 : r;
           const float* q_row =
-              kRows ? range.q + query_row_index(range.row0 + row, kv, G, n_kv) * D : q_kv + row * D;
+              kRows ? range.q + query_row_index(range.row0 + row, range.kv, G, n_kv) * D
+                    : q_kv + row * D;
           float x[2] = {0.0f, 0.0f};
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int quant = k_slot_quant(b & 1, ks, t, h, e);
-            if (row < range.nrows)
-              x[e] = q_operand(q_row[32 * b + quant], p.scale, MutantSite::decode_mma_staged);
+            if (row < range.nrows) x[e] = q_operand(q_row[32 * b + quant], p.scale, kSite);
           }
           qa[b][ks][r] = pack_f16x2(x[0], x[1]);
         }
   }
 
-  // Even blocks, k-step 1: thread t < 3 takes word W_{5+t}; t = 3 joins W_0 and W_8.
-  const int ev_a = t < 3 ? 5 + t : 0, ev_b = t < 3 ? 5 + t : 8;
-  const unsigned ev_sel = t < 3 ? 0x3210u : 0x5432u;
+  /// The tile walk's plan: the K words of even blocks' k-step 1, this warp's tiles and stages,
+  /// and this lane's copy walks.
+  __device__ __forceinline__ void plan_tiles() {
+    // Even blocks, k-step 1: thread t < 3 takes word W_{5+t}; t = 3 joins W_0 and W_8.
+    ev_a = t < 3 ? 5 + t : 0;
+    ev_b = t < 3 ? 5 + t : 8;
+    ev_sel = t < 3 ? 0x3210u : 0x5432u;
 
-  const std::uint8_t* k_head = range.k_head;
-  const std::uint8_t* v_head = range.v_head;
-  const long long n_keys = hi - lo;
-  const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);                 // warp tiles
-  const int my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;  // this warp's
-  std::uint8_t* wsmem = smem + warp * kStages * S::kStageBytes;
+    const long long n_keys = range.hi - range.lo;
+    const int n_wt = static_cast<int>((n_keys + kWK - 1) / kWK);       // warp tiles
+    my_tiles = n_wt > warp ? (n_wt - warp + kWarps - 1) / kWarps : 0;  // this warp's
+    wsmem = smem + warp * kStages * S::kStageBytes;
 
-  // This lane's copy walks: chunk c = lane + 32·r of a tile is (key c / n, chunk c % n) for
-  // n chunks per key; stepping c by 32 moves the key by 32 / n and the chunk by 32 % n (one
-  // more key on wrap), so no division is left in the loop.
-  const ChunkWalk k_walk =
-      ChunkWalk::start(lane, kQ8_0BlockWords, S::kKChunk, p.k_tok_bytes, S::kKStride);
-  const ChunkWalk v_walk = ChunkWalk::start(lane, S::kVChunks, 16, p.v_tok_bytes, S::kVStride);
+    // This lane's copy walks: chunk c = lane + 32·r of a tile is (key c / n, chunk c % n) for
+    // n chunks per key; stepping c by 32 moves the key by 32 / n and the chunk by 32 % n (one
+    // more key on wrap), so no division is left in the loop.
+    k_walk = ChunkWalk::start(lane, kQ8_0BlockWords, S::kKChunk, p.k_tok_bytes, S::kKStride);
+    v_walk = ChunkWalk::start(lane, S::kVChunks, 16, p.v_tok_bytes, S::kVStride);
+  }
 
-  // Issues the copies of this warp's i-th tile (global warp tile warp + 4i) into its stage and
-  // zero-fills the rows past the split's last key; always commits a group (wait counts tiles).
-  auto issue = [&](int i) {
+  /// kRows: the rows' views (row_lo, row_hi); nothing otherwise.
+  __device__ __forceinline__ void bound_rows() {
+    if constexpr (kRows) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int row = g + 8 * r;
+        row_lo[r] = 0;
+        row_hi[r] = 0;
+        if (row < range.nrows) {
+          const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
+          row_hi[r] = verify_row_end(pos, range.len, kSite);
+          row_lo[r] =
+              p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window, kSite) : 0;
+        }
+      }
+    }
+  }
+
+  /// The running softmax and the PV accumulators, empty.
+  __device__ __forceinline__ void reset() {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      state.reset(r);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < kC; ++e) o[j][e] = 0.0f;
+  }
+
+  /// This warp's tile i (global warp tile warp + 4i): its first key, its keys in the split, and
+  /// the stage that holds it (K rows, then V rows from kKRegion on).
+  __device__ __forceinline__ long long key0_of(int i) const {
+    return range.lo + (long long)(warp + kWarps * i) * kWK;
+  }
+  __device__ __forceinline__ int valid_of(long long key0) const {
+    return static_cast<int>(range.hi - key0 < kWK ? range.hi - key0 : kWK);
+  }
+  __device__ __forceinline__ std::uint8_t* stage(int i) const {
+    return wsmem + (i % kStages) * S::kStageBytes;
+  }
+
+  /// The copies of the first kStages − 1 tiles.
+  __device__ __forceinline__ void start_copies() {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue(s);
+  }
+
+  /// Issues the copies of this warp's i-th tile into its stage and zero-fills the rows past the
+  /// split's last key; always commits a group (wait counts tiles).
+  __device__ __forceinline__ void issue(int i) {
     if (i < my_tiles) {
-      const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
-      const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
+      const long long key0 = key0_of(i);
+      const int valid = valid_of(key0);
       const long long row0 = key0 - range.base;  // physical row of the tile's first key
-      std::uint8_t* kd = wsmem + (i % kStages) * S::kStageBytes;
+      std::uint8_t* kd = stage(i);
       std::uint8_t* vd = kd + S::kKRegion;
-      const std::uint8_t* ks = k_head + row0 * p.k_tok_bytes;
-      const std::uint8_t* vs = v_head + row0 * p.v_tok_bytes;
+      const std::uint8_t* ks = range.k_head + row0 * p.k_tok_bytes;
+      const std::uint8_t* vs = range.v_head + row0 * p.v_tok_bytes;
       for (ChunkWalk w = k_walk; w.key < valid; w.next(kQ8_0BlockWords))
         cp_async<S::kKChunk>(kd + w.dst, ks + w.src);
       for (ChunkWalk w = v_walk; w.key < valid; w.next(S::kVChunks))
@@ -293,54 +384,11 @@ __global__ void __launch_bounds__(
       }
     }
     cp_async_commit();
-  };
-
-  // Per-warp state. Row r = 0: head g; r = 1: head g + 8 (GM 16 only).
-  constexpr int R = kHi ? 2 : 1;
-  // kRows: the keys [row_lo, row_hi) each of this lane's rows attends (SPEC §11: query i at
-  // position p_i = len − T + i sees [max(0, p_i + 1 − window), p_i + 1)); padding rows none.
-  [[maybe_unused]] long long row_lo[R], row_hi[R];
-  if constexpr (kRows) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int row = g + 8 * r;
-      row_lo[r] = 0;
-      row_hi[r] = 0;
-      if (row < range.nrows) {
-        const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
-        row_hi[r] = verify_row_end(pos, range.len, MutantSite::decode_mma_staged);
-        row_lo[r] = p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window,
-                                                         MutantSite::decode_mma_staged)
-                                      : 0;
-      }
-    }
   }
-  SoftmaxState<R> state;  // m identical in the 4 lanes of a row; l per lane (its keys)
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    state.reset(r);
-  }
-  float o[NT][kC];
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int e = 0; e < kC; ++e) o[j][e] = 0.0f;
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) issue(s);
-
-  for (int i = 0; i < my_tiles; ++i) {
-    cp_async_wait<kStages - 2>();  // this lane's copies of tile i have landed
-    __syncwarp();                  // every lane's have; every lane finished tile i − 1
-    issue(i + kStages - 1);        // reuses the stage of tile i − 1
-
-    const std::uint8_t* ks_base = wsmem + (i % kStages) * S::kStageBytes;
-    const std::uint8_t* vs_base = ks_base + S::kKRegion;
-    const long long key0 = lo + (long long)(warp + kWarps * i) * kWK;
-    const int valid = static_cast<int>(hi - key0 < kWK ? hi - key0 : kWK);
-
-    // ---- QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index). ----
-    float s[2][kC];
+  /// QK: s[nt][c] for keys 8nt + 2t + (c & 1), row c >> 1 (c = C fragment index), from the K
+  /// rows of a stage (ks_base).
+  __device__ __forceinline__ void compute_scores(const std::uint8_t* ks_base, Scores& s) const {
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
       const std::uint8_t* krow = ks_base + (8 * nt + g) * S::kKStride;       // B: key n = g
@@ -382,9 +430,13 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int e = 0; e < kC; ++e) s[nt][e] = score_scaled(s[nt][e], p.scale);
     }
+  }
 
-    // ---- Online softmax of the tile, per row. p[nt][c] in the C layout. ----
-    float pr[2][kC] = {};
+  /// Online softmax of the tile (its first key key0, `valid` keys in the split), per row: pr[nt][c]
+  /// (the C layout, zero on entry) becomes the weights p of the keys the row attends; the
+  /// accumulators are rescaled when a max moved (first: nothing accumulated yet).
+  __device__ __forceinline__ void update_softmax(const Scores& s, Scores& pr, long long key0,
+                                                 int valid, bool first) {
     float alpha[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -417,15 +469,21 @@ __global__ void __launch_bounds__(
     }
     bool rescale = alpha[0] != 1.0f;
     if constexpr (kHi) rescale = rescale || alpha[R - 1] != 1.0f;
-    if (rescale_accumulators(__any_sync(kFullMask, rescale), i == 0,
-                             MutantSite::decode_mma_staged)) {
+    if (rescale_accumulators(__any_sync(kFullMask, rescale), first, kSite)) {
 #pragma unroll
       for (int j = 0; j < NT; ++j)
 #pragma unroll
-        for (int e = 0; e < kC; ++e)
-          o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], MutantSite::decode_mma_staged);
+        for (int e = 0; e < kC; ++e) o[j][e] = pv_accumulator(o[j][e] * alpha[e >> 1], kSite);
     }
+  }
 
+  /// PV of the tile: p (pr, the C layout) by the V rows of its stage (vs_base). A V value beyond
+  /// fp16's range cannot be a tensor-core operand: a tile with such a block (|d|·31 + |m| > 65504
+  /// for any of its keys) takes the f32 path (rare; warp-uniform). A verify tile whose keys some
+  /// row does not attend and which holds a bad V block takes the f32 path too, skipping each
+  /// row's masked keys (rare: bad blocks at a view's edge).
+  __device__ __forceinline__ void accumulate_pv(const Scores& pr, const std::uint8_t* vs_base,
+                                                long long key0, int valid) {
     // p̃ as the A fragment of PV (rows g, g+8; keys 2t+e and 8+2t+e).
     const unsigned pa0 = pack_f16x2(pr[0][0], pr[0][1]);
     const unsigned pa2 = pack_f16x2(pr[1][0], pr[1][1]);
@@ -435,12 +493,8 @@ __global__ void __launch_bounds__(
       pa3 = pack_f16x2(pr[1][kC - 2], pr[1][kC - 1]);
     }
 
-    // ---- PV. A V value beyond fp16's range cannot be a tensor-core operand: a tile with such
-    // a block (|d|·31 + |m| > 65504 for any of its keys) takes the f32 path (rare; warp-uniform).
     // The tile's 16·NB block headers, NB / 2 per lane (header i = lane + 32r: key i % 16,
     // block i / 16), then one vote.
-    // A verify tile whose keys some row does not attend and which holds a bad V block takes
-    // the f32 path too, skipping each row's masked keys (rare: bad blocks at a view's edge).
     bool wide = false, bad = false;
 #pragma unroll
     for (int r = 0; r < NB / 2; ++r) {
@@ -463,74 +517,148 @@ __global__ void __launch_bounds__(
       pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [&](int r, int k) {
         return key0 + k >= row_lo[r] && key0 + k < row_hi[r];
       });
-    } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide),
-                                       MutantSite::decode_mma_staged)) {
+    } else if (wide_tile_on_cuda_cores(__any_sync(kFullMask, wide), kSite)) {
       pv_tile_f32<NB, kC, S::kVStride>(o, pr, vs_base, lane, [](int, int) { return true; });
     } else {
-// ---- PV: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16. ----
+      accumulate_pv_mma(pa0, pa1, pa2, pa3, vs_base);
+    }
+  }
+
+  /// PV on the tensor cores: B = V[keys 2t, 2t+1 | 2t+8, 2t+9][column 32b + 8jj + g] in fp16.
+  __device__ __forceinline__ void accumulate_pv_mma(unsigned pa0, unsigned pa1, unsigned pa2,
+                                                    unsigned pa3, const std::uint8_t* vs_base) {
 #pragma unroll
-      for (int b = 0; b < NB; ++b) {
-        unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
+    for (int b = 0; b < NB; ++b) {
+      unsigned vb[4][2];  // [jj][pair]: pair 0 = keys (2t, 2t+1), pair 1 = keys (2t+8, 2t+9)
 #pragma unroll
-        for (int pair = 0; pair < 2; ++pair) {
-          const std::uint8_t* blk0 =
-              vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
-          const std::uint8_t* blk1 = blk0 + S::kVStride;
-          const uint2 h0 = q5_1_header(blk0), h1 = q5_1_header(blk1);
-          const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
-          const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
-          const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
-#pragma unroll
-          for (int jj = 0; jj < 4; ++jj) {
-            // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
-            // with one rounding (HFMA2).
-            const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
-            const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
-            const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
-            vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
-          }
-        }
+      for (int pair = 0; pair < 2; ++pair) {
+        const std::uint8_t* blk0 = vs_base + (2 * t + 8 * pair) * S::kVStride + kQ5_1BlockBytes * b;
+        const std::uint8_t* blk1 = blk0 + S::kVStride;
+        const uint2 h0 = q5_1_header(blk0), h1 = q5_1_header(blk1);
+        const unsigned d2 = __byte_perm(h0.x, h1.x, 0x5410);  // fp16x2 (d of key 0, of key 1)
+        const unsigned m2 = __byte_perm(h0.x, h1.x, 0x7632);  // fp16x2 (m of key 0, of key 1)
+        const unsigned q5_0 = v_quants5(blk0, h0.y, g), q5_1 = v_quants5(blk1, h1.y, g);
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj) {
-          if constexpr (kHi)
-            mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
-          else
-            mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
-          pv_accumulators(o[4 * b + jj], MutantSite::decode_mma_staged);
+          // fp16 bits 0x64qq = 1024 + q for both keys, minus 1024: q exactly; then d·q + m
+          // with one rounding (HFMA2).
+          const unsigned both = __byte_perm(q5_0, q5_1, jj | ((4 + jj) << 4));
+          const unsigned biased = __byte_perm(both, 0x64646464u, 0x5140);
+          const __half2 q = __hsub2(as_h2(biased), as_h2(0x64006400u));
+          vb[jj][pair] = h2_bits(__hfma2(as_h2(d2), q, as_h2(m2)));
         }
       }
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        if constexpr (kHi)
+          mma_16816(o[4 * b + jj], pa0, pa1, pa2, pa3, vb[jj][0], vb[jj][1]);
+        else
+          mma_16816_top(o[4 * b + jj], pa0, pa2, vb[jj][0], vb[jj][1]);
+        pv_accumulators(o[4 * b + jj], kSite);
+      }
     }
+  }
+
+  // ---- Merge the 4 warps into the split's partial (shared memory reuses the stages: m_s, l_s,
+  // w_s [warp][16], o_s [warp][16][kOStride]). ----
+  __device__ __forceinline__ float* m_s() const {
+    return reinterpret_cast<float*>(smem);
+  }
+  __device__ __forceinline__ float* l_s() const {
+    return m_s() + kWarps * 16;
+  }
+  __device__ __forceinline__ float* w_s() const {
+    return l_s() + kWarps * 16;
+  }
+  __device__ __forceinline__ float* o_s() const {
+    return w_s() + kWarps * 16;
+  }
+
+  /// Each row's l summed over the 4 lanes that hold its keys.
+  __device__ __forceinline__ void sum_lane_groups() {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      state.l[r] += __shfl_xor_sync(kFullMask, state.l[r], 1);
+      state.l[r] += __shfl_xor_sync(kFullMask, state.l[r], 2);
+    }
+  }
+
+  /// This warp's m, l and o into shared memory.
+  __device__ __forceinline__ void stage_warp_results() const {
+    if (t == 0) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        m_s()[warp * 16 + g + 8 * r] = state.m[r];
+        l_s()[warp * 16 + g + 8 * r] = state.l[r];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int col = 32 * (j / 4) + 8 * (j % 4) + 2 * t;
+        *reinterpret_cast<float2*>(o_s() + (warp * 16 + g + 8 * r) * S::kOStride + col) =
+            make_float2(o[j][2 * r], o[j][2 * r + 1]);
+      }
+  }
+
+  /// The split's partial from the 4 warps' m, l and o (warps in order).
+  __device__ __forceinline__ void merge() const {
+    merge_warps_into_partial<kWarps, kThreads>(range, D, 16, m_s(), l_s(), w_s(), o_s(),
+                                               S::kOStride);
+  }
+};
+
+/// One block per (split, KV head) — and, for a verify decode of more than 16 query rows, per
+/// 16 of them (blockIdx.z). GM: mma rows in use (8 when the block's rows are ≤ 8: rows g + 8
+/// are padding and skipped; else 16). kRows: a verify decode (SPEC §11): the block's row r is
+/// query r / gqa, which attends only the keys of its own causal window.
+template <int D, int GM, bool kRows, bool kBatch>
+__global__ void __launch_bounds__(
+    kThreads, split_blocks_per_sm(kRows ? SplitKernel::mma_verify_staged : SplitKernel::mma_staged,
+                                  D, GM)) decode_split_mma_kernel(const SplitParams p) {
+  static_assert(split_instance_built(
+      kRows ? SplitKernel::mma_verify_staged : SplitKernel::mma_staged, D, GM));
+  using Block = StagedBlock<D, GM, kRows, kBatch>;
+  extern __shared__ __align__(16) std::uint8_t smem[];
+
+  // The thread's registers (StagedBlock says what each holds, and why they are locals here).
+  typename Block::QFrags qa;
+  typename Block::RowBounds row_lo, row_hi;
+  typename Block::State state;
+  typename Block::Acc o;
+  Block b(p, smem, qa, row_lo, row_hi, state, o);
+  if (!b.find_split()) return;  // block-uniform: no barrier has been reached yet
+  b.load_q();
+  b.plan_tiles();
+  b.bound_rows();
+  b.reset();
+  b.start_copies();
+
+  // Each warp walks its own tiles through its own stages: no block barrier until the merge.
+  for (int i = 0; i < b.my_tiles; ++i) {
+    cp_async_wait<kStages - 2>();  // this lane's copies of tile i have landed
+    __syncwarp();                  // every lane's have; every lane finished tile i − 1
+    b.issue(i + kStages - 1);      // reuses the stage of tile i − 1
+
+    const std::uint8_t* ks_base = b.stage(i);
+    const std::uint8_t* vs_base = ks_base + Block::S::kKRegion;
+    const long long key0 = b.key0_of(i);
+    const int valid = b.valid_of(key0);
+    typename Block::Scores s;
+    b.compute_scores(ks_base, s);
+    typename Block::Scores pr = {};
+    b.update_softmax(s, pr, key0, valid, i == 0);
+    b.accumulate_pv(pr, vs_base, key0, valid);
   }
   cp_async_wait<0>();  // only empty groups can remain; keep the block's exit clean anyway
 
   // ---- Merge the 4 warps into the split's partial (shared memory reuses the stages). ----
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    state.l[r] += __shfl_xor_sync(kFullMask, state.l[r], 1);
-    state.l[r] += __shfl_xor_sync(kFullMask, state.l[r], 2);
-  }
-  __syncthreads();                              // every warp is done with its stages
-  float* m_s = reinterpret_cast<float*>(smem);  // [warp][16]
-  float* l_s = m_s + kWarps * 16;               // [warp][16]
-  float* w_s = l_s + kWarps * 16;               // [warp][16]
-  float* o_s = w_s + kWarps * 16;               // [warp][16][kOStride]
-  if (t == 0) {
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      m_s[warp * 16 + g + 8 * r] = state.m[r];
-      l_s[warp * 16 + g + 8 * r] = state.l[r];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < NT; ++j)
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int col = 32 * (j / 4) + 8 * (j % 4) + 2 * t;
-      *reinterpret_cast<float2*>(o_s + (warp * 16 + g + 8 * r) * S::kOStride + col) =
-          make_float2(o[j][2 * r], o[j][2 * r + 1]);
-    }
+  b.sum_lane_groups();
+  __syncthreads();  // every warp is done with its stages
+  b.stage_warp_results();
   __syncthreads();
-  merge_warps_into_partial<kWarps, kThreads>(range, D, 16, m_s, l_s, w_s, o_s, S::kOStride);
+  b.merge();
 }
 
 /// The function attributes a launch of decode_split_mma_kernel<D, GM, kRows> needs: the
