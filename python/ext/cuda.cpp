@@ -72,6 +72,10 @@ nb::ndarray<nb::numpy, const std::uint8_t> plane_array(std::vector<std::uint8_t>
 }  // namespace
 
 void bind_cuda(nb::module_& m) {
+  // The head dims the kernels are compiled for, from the one table (limits.hpp).
+  nb::list head_dims;
+  for (const int d : cuda::kSupportedHeadDims) head_dims.append(d);
+  m.attr("cuda_head_dims") = nb::tuple(head_dims);
   // (count, "") with a working driver, else (0, the CUDA error string): the package's
   // "the CUDA layer is unavailable" message.
   m.def("cuda_device_count", [] {

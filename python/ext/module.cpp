@@ -54,5 +54,6 @@ NB_MODULE(_kvlayer, m) {
   m.attr("cuda_built") = true;
 #else
   m.attr("cuda_built") = false;
+  m.attr("cuda_head_dims") = nb::tuple();
 #endif
 }

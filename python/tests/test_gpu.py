@@ -264,8 +264,10 @@ def expect_refused(pair, call, message):
 
 
 def test_refusals_carry_the_documented_messages_and_change_nothing():
-    assert refusal(kvlayer.KvLayer, 2, 96, 64, 2) == \
-        "cuda::KvLayer: head_dim 96 is not supported (supported: 64, 128, 256)"
+    unsupported = next(d for d in range(32, 1024, 32) if d not in kvlayer.cuda_head_dims)
+    assert refusal(kvlayer.KvLayer, 2, unsupported, 64, 2) == \
+        (f"cuda::KvLayer: head_dim {unsupported} is not supported (supported: "
+         f"{', '.join(map(str, kvlayer.cuda_head_dims))})")
     assert refusal(kvlayer.KvLayer, 2, 64, 64, 2, max_verify=65) == \
         "cuda::KvLayer: max_verify 65 is not supported (supported: 1..64)"
     p = Pair(1, 64, 102, 2)

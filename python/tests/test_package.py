@@ -82,3 +82,13 @@ def test_the_gpu_layers_own_refusals_that_need_no_gpu():
         cuda_stream = 1234
 
     assert _gpu._stream_value(TorchStreamLike()) == 1234
+
+
+def test_the_cuda_head_dims_come_from_the_library_table():
+    dims = kvlayer.cuda_head_dims
+    assert isinstance(dims, tuple)
+    if not kvlayer.cuda_built:
+        assert dims == ()
+        return
+    # cuda::kSupportedHeadDims: ascending, whole q8_0/q5_1 blocks of 32 values
+    assert dims and list(dims) == sorted(set(dims)) and all(d % 32 == 0 for d in dims)

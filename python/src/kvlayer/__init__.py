@@ -45,11 +45,13 @@ __version__ = "0.1.0"
 
 #: Whether this build holds the CUDA layer (nvcc was found when it was built).
 cuda_built = _kvlayer.cuda_built
+#: The head dims kvlayer.KvLayer takes (cuda::kSupportedHeadDims; empty without the CUDA layer).
+cuda_head_dims = _kvlayer.cuda_head_dims
 
 __all__ = [
     "AccumulationShape", "BoundTightness", "DataError", "DecodeBound", "DeviceError", "Error",
     "Geometry", "KvLayer", "LayerStatus", "Snapshot", "cuda_available", "cuda_built",
-    "cuda_unavailable_reason", "default_scale", "dequantize_q5_1", "dequantize_q8_0",
+    "cuda_head_dims", "cuda_unavailable_reason", "default_scale", "dequantize_q5_1", "dequantize_q8_0",
     "from_bf16_bits", "load_snapshot", "quantize_q5_1", "quantize_q8_0", "reference",
     "save_snapshot", "to_bf16_bits",
 ]

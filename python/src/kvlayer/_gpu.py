@@ -135,8 +135,8 @@ class KvLayer:
     KvLayer(n_kv_heads, head_dim, max_ctx, n_q_heads, window=None, max_verify=16, device=None,
     *, stream=None, storage="flat", max_append=1, rewind_slack=0)
 
-    head_dim is 64, 128 or 256 (K and V alike); n_q_heads a multiple of n_kv_heads, at most 16
-    times it; window None attends every row; max_verify (1..64) the largest T of a speculative
+    head_dim is one of kvlayer.cuda_head_dims (K and V alike); n_q_heads a multiple of
+    n_kv_heads, at most 16 times it; window None attends every row; max_verify (1..64) the largest T of a speculative
     step. storage="ring" keeps a windowed layer in a compacting ring of window + max_append +
     rewind_slack + 31 rows (max_append: the largest single append, e.g. the prefill chunk).
     device: None (torch's current device), an index, "cuda:N" or a torch.device. stream: None
