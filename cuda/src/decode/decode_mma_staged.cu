@@ -75,9 +75,9 @@ struct MmaShape {
   static constexpr int kKRegion = kWK * kKStride;
   static constexpr int kStageBytes = kWK * (kKStride + kVStride);
   static constexpr int kSmemBytes = kWarps * kStages * kStageBytes;
-  /// Final merge, reusing the stages: m, l, weights [warp][16] and o [warp][16][kOStride].
+  /// Final merge, reusing the stages (WarpMergeScratch): o [warp][16][kOStride].
   static constexpr int kOStride = D + 8;
-  static constexpr int kMergeBytes = (3 * kWarps * 16 + kWarps * 16 * kOStride) * 4;
+  static constexpr int kMergeBytes = WarpMergeScratch<kWarps>::bytes(16, kOStride);
   static_assert(kKStride >= kKBytes && kKStride % kKChunk == 0 && (kKStride / 4) % 8 == 4);
   static_assert(kVStride >= kVBytes && kVStride % 16 == 0 && (kVStride / 4) % 8 == 4);
   static_assert(kKChunk * kQ8_0BlockWords == kKBytes && kVChunks * 16 == kVBytes);
@@ -559,19 +559,10 @@ struct StagedBlock {
     }
   }
 
-  // ---- Merge the 4 warps into the split's partial (shared memory reuses the stages: m_s, l_s,
-  // w_s [warp][16], o_s [warp][16][kOStride]). ----
-  __device__ __forceinline__ float* m_s() const {
-    return reinterpret_cast<float*>(smem);
-  }
-  __device__ __forceinline__ float* l_s() const {
-    return m_s() + kWarps * 16;
-  }
-  __device__ __forceinline__ float* w_s() const {
-    return l_s() + kWarps * 16;
-  }
-  __device__ __forceinline__ float* o_s() const {
-    return w_s() + kWarps * 16;
+  // ---- Merge the 4 warps into the split's partial (shared memory reuses the stages: o rows of
+  // kOStride). ----
+  __device__ __forceinline__ WarpMergeScratch<kWarps> merge_s() const {
+    return {reinterpret_cast<float*>(smem)};
   }
 
   /// Each row's l summed over the 4 lanes that hold its keys.
@@ -585,11 +576,12 @@ struct StagedBlock {
 
   /// This warp's m, l and o into shared memory.
   __device__ __forceinline__ void stage_warp_results() const {
+    const WarpMergeScratch<kWarps> s = merge_s();
     if (t == 0) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        m_s()[warp * 16 + g + 8 * r] = state.m[r];
-        l_s()[warp * 16 + g + 8 * r] = state.l[r];
+        s.m()[warp * 16 + g + 8 * r] = state.m[r];
+        s.l()[warp * 16 + g + 8 * r] = state.l[r];
       }
     }
 #pragma unroll
@@ -597,14 +589,15 @@ struct StagedBlock {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         const int col = 32 * (j / 4) + 8 * (j % 4) + 2 * t;
-        *reinterpret_cast<float2*>(o_s() + (warp * 16 + g + 8 * r) * S::kOStride + col) =
+        *reinterpret_cast<float2*>(s.o() + (warp * 16 + g + 8 * r) * S::kOStride + col) =
             make_float2(o[j][2 * r], o[j][2 * r + 1]);
       }
   }
 
   /// The split's partial from the 4 warps' m, l and o (warps in order).
   __device__ __forceinline__ void merge() const {
-    merge_warps_into_partial<kWarps, kThreads>(range, D, 16, m_s(), l_s(), w_s(), o_s(),
+    const WarpMergeScratch<kWarps> s = merge_s();
+    merge_warps_into_partial<kWarps, kThreads>(range, D, 16, s.m(), s.l(), s.w(), s.o(),
                                                S::kOStride);
   }
 };

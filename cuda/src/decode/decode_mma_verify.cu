@@ -90,7 +90,7 @@ struct VerifyShape {
   static constexpr int kKd = kVf + kTile * kF16Stride;
   static constexpr int kBytes = kKd + kTile * kBlocks * 2;
   static constexpr int kOStride = D + 4;  ///< merge staging row (floats)
-  static constexpr int kMergeBytes = 4 * (3 * kWarps * 16 + kWarps * kGroupRows * kOStride);
+  static constexpr int kMergeBytes = WarpMergeScratch<kWarps>::bytes(kGroupRows, kOStride);
   /// Conversion: thread c takes key c % kTile and blocks c / kTile, c / kTile + kBStep.
   static constexpr int kBStep = kThreads / kTile;
   static_assert(kBlocks == 2 * kBStep && kBStep % 2 == 0);
@@ -593,18 +593,9 @@ struct VerifyBlock {
   }
 
   // ---- Merge the WK warps of each row group into the split's partial (shared memory reused:
-  // m_s, l_s, w_s [warp][16], o_s [warp][kGR][kOStride]). ----
-  __device__ __forceinline__ float* m_s() const {
-    return reinterpret_cast<float*>(smem);
-  }
-  __device__ __forceinline__ float* l_s() const {
-    return m_s() + kWarps * 16;
-  }
-  __device__ __forceinline__ float* w_s() const {
-    return l_s() + kWarps * 16;
-  }
-  __device__ __forceinline__ float* o_s() const {
-    return w_s() + kWarps * 16;
+  // o [warp][kGR][kOStride]). ----
+  __device__ __forceinline__ WarpMergeScratch<kWarps> merge_s() const {
+    return {reinterpret_cast<float*>(smem)};
   }
 
   /// Each row's l summed over the lanes that hold its keys.
@@ -619,13 +610,14 @@ struct VerifyBlock {
 
   /// This warp's m, l and o into shared memory.
   __device__ __forceinline__ void stage_warp_results() const {
+    const WarpMergeScratch<kWarps> s = merge_s();
     if (g == 0) {
 #pragma unroll
       for (int nt = 0; nt < kNTiles; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          m_s()[warp * 16 + 8 * nt + 2 * t + h] = state.m[2 * nt + h];
-          l_s()[warp * 16 + 8 * nt + 2 * t + h] = state.l[2 * nt + h];
+          s.m()[warp * 16 + 8 * nt + 2 * t + h] = state.m[2 * nt + h];
+          s.l()[warp * 16 + 8 * nt + 2 * t + h] = state.l[2 * nt + h];
         }
     }
 #pragma unroll
@@ -634,16 +626,16 @@ struct VerifyBlock {
       for (int dm = 0; dm < kDimTiles; ++dm)
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-          o_s()[(warp * kGR + 8 * nt + 2 * t + (e & 1)) * kOStride + 16 * dm + g + 8 * (e >> 1)] =
+          s.o()[(warp * kGR + 8 * nt + 2 * t + (e & 1)) * kOStride + 16 * dm + g + 8 * (e >> 1)] =
               o[nt][dm][e];
   }
 
   /// Thread r < rows: row r's max and sum over its WK warps (the partial's m, l), and each
-  /// warp's weight (w_s).
+  /// warp's weight (w).
   __device__ __forceinline__ void merge_softmax() const {
-    const float* m = m_s();
-    const float* l = l_s();
-    float* ws = w_s();
+    const float* m = merge_s().m();
+    const float* l = merge_s().l();
+    float* ws = merge_s().w();
     if (tid < range.nrows) {
       const int w0 = (tid / kGR) * WK, lr = tid % kGR;
       float top = kNegSentinel;
@@ -663,8 +655,8 @@ struct VerifyBlock {
 
   /// The partial's o: each row's warps' o by their weights, in key-group order.
   __device__ __forceinline__ void merge_output() const {
-    const float* ws = w_s();
-    const float* os = o_s();
+    const float* ws = merge_s().w();
+    const float* os = merge_s().o();
     const int rows = range.nrows;
     for (int i = tid; i < rows * D; i += kThreads) {
       const int r = i / D, col = i % D;

@@ -1,5 +1,6 @@
 // The online softmax every split kernel and the merge share (accuracy.hpp (2), (4)): the finite
-// minus-infinity sentinel, the warp reductions, the rescale and weight of a running state.
+// minus-infinity sentinel, the warp reductions, the rescale and weight of a running state, the
+// shared memory a block's warps merge their states in.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -76,6 +77,22 @@ struct SoftmaxState {
   __device__ __forceinline__ void advance(int r, float m_new, float alpha, float sum) {
     l[r] = l[r] * alpha + sum;
     m[r] = m_new;
+  }
+};
+
+/// The shared memory in which a tensor-core block's kWarps warps merge their states into the
+/// split's partial (the staged and verify kernels, reusing their stages): m, l and the merge
+/// weights w, [warp][16] floats each, then o, [warp][rows][o_stride].
+template <int kWarps>
+struct WarpMergeScratch {
+  float* base;
+
+  __device__ __forceinline__ float* m() const { return base; }
+  __device__ __forceinline__ float* l() const { return m() + kWarps * 16; }
+  __device__ __forceinline__ float* w() const { return l() + kWarps * 16; }
+  __device__ __forceinline__ float* o() const { return w() + kWarps * 16; }
+  static constexpr int bytes(int rows, int o_stride) {
+    return 4 * (3 * kWarps * 16 + kWarps * rows * o_stride);
   }
 };
 
