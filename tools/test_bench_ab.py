@@ -65,6 +65,12 @@ check(batch == {("batch_dc_graph", "B32 log", "8x128", "8", "214215", "-"): 120.
 verify = ab.rows("batch_verify_dc_graph T4 8x128 gqa 8 B 8 4k   32768   -   90.25   1  1  1%  1  1%\n")
 check(verify == {("batch_verify_dc_graph", "T4 B8 4k", "8x128", "8", "32768", "-"): 90.25},
       f"rows: a batch verify row keeps its T, got {verify}")
+# `kvlayer bench --decode-only` lines (the window column reads "keys"), decode and verify alike
+only = ab.rows("decode_dc_graph  8x64 gqa 8    16384 keys      18.62 us      511 GB/s\n"
+               "verify_dc_graph T8 8x64 gqa 8    16384 keys      66.06 us      234 GB/s\n")
+check(only == {("decode_dc_graph", "", "8x64", "8", "16384", "keys"): 18.62,
+               ("verify_dc_graph", "T8", "8x64", "8", "16384", "keys"): 66.06},
+      f"rows: --decode-only lines, got {only}")
 
 # ---- a whole run over fake builds ----
 with tempfile.TemporaryDirectory() as tmp:

@@ -507,8 +507,10 @@ int run_bench(const std::vector<std::string>& args) {
       b.verify(shape_kv, shape_d, shape_gqa, decode_only, 0, {queries});
     else
       b.decode(shape_kv, shape_d, shape_gqa, decode_only, 0, capacity);
+    // Named as in the full table ("verify_dc_graph T8"), so that tools/bench-ab reads both.
     for (const Row& r : b.rows)
-      std::printf("%-16s %dx%d gqa %d %8lld keys %10.2f us %8.0f GB/s%s\n", r.name.c_str(),
+      std::printf("%-16s %dx%d gqa %d %8lld keys %10.2f us %8.0f GB/s%s\n",
+                  (r.queries ? r.name + " T" + std::to_string(r.queries) : r.name).c_str(),
                   shape_kv, shape_d, shape_gqa, (long long)r.keys, r.us, r.bytes / r.us / 1e3,
                   capacity > 0 ? (" capacity " + std::to_string(capacity)).c_str() : "");
     return kExitOk;
