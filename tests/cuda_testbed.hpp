@@ -33,6 +33,13 @@
 
 namespace kvlayer::testing {
 
+/// A head dim (whole q8_0 blocks) the CUDA kernels are not built for (cuda::kSupportedHeadDims).
+inline int unsupported_head_dim() {
+  int d = 32;
+  while (cuda::head_dim_supported(d)) d += 32;
+  return d;
+}
+
 /// Enqueues one device-counter step on `layer` (append one row, inc_seqlen, decode; the windowed
 /// variants on a windowed layer) reading fixed input buffers, as a captured decode step does.
 inline void device_counter_step(cuda::KvLayer& layer, const cuda::RowsView& row, const float* q,

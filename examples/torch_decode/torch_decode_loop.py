@@ -79,7 +79,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--q-heads", type=int, default=32)
-    ap.add_argument("--head-dim", type=int, default=128, choices=(64, 128, 256))
+    ap.add_argument("--head-dim", type=int, default=128, choices=kvlayer.cuda_head_dims)
     ap.add_argument("--prefill", type=int, default=4000)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--draft", type=int, default=4)

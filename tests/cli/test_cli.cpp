@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kvlayer/crc32.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/golden/golden.hpp"
 #include "kvlayer/golden/npy.hpp"
 #include "kvlayer/golden/sha256.hpp"
@@ -30,6 +31,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using kvlayer::ref::BlockType;
+
+/// A head dim (whole q8_0 blocks) the CUDA kernels are not built for.
+std::string unsupported_head_dim() {
+  int d = 32;
+  while (kvlayer::cuda::head_dim_supported(d)) d += 32;
+  return std::to_string(d);
+}
 
 struct Result {
   int status = -1;
@@ -367,7 +375,10 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
       {{"replay", "a.json", "--hang-seconds", "1.5"},
        2,
        "kvlayer replay: --hang-seconds '1.5' must be an integer in [0, 86400]\n"},
-      {{"fuzz", "--head-dim", "96"}, 2, "kvlayer fuzz: --head-dim '96' must be 64, 128 or 256\n"},
+      {{"fuzz", "--head-dim", unsupported_head_dim()},
+       2,
+       "kvlayer fuzz: --head-dim '" + unsupported_head_dim() + "' must be one of " +
+           kvlayer::cuda::supported_head_dims() + "\n"},
       {{"fuzz", "--rows", "halves"},
        2,
        "kvlayer fuzz: --rows 'halves' must be auto, split or whole\n"},
@@ -398,10 +409,11 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"bench", "--decode-only", "63"},
                      2,
                      "kvlayer bench: --decode-only '63' must be an integer in [64, 16777216]\n"});
-    cases.push_back({{"bench", "--decode-only", "1024", "--shape", "8x100x8"},
-                     2,
-                     "kvlayer bench: --shape '8x100x8' must be KVxDxG with KV in [1, 64], D one "
-                     "of 64, 128, 256, G in [1, 16]\n"});
+    cases.push_back(
+        {{"bench", "--decode-only", "1024", "--shape", "8x100x8"},
+         2,
+         "kvlayer bench: --shape '8x100x8' must be KVxDxG with KV in [1, 64], D one of " +
+             kvlayer::cuda::supported_head_dims() + ", G in [1, 16]\n"});
     cases.push_back({{"bench", "--shape", "1x128x16"},
                      2,
                      "kvlayer bench: --shape applies to --decode-only only\n"});

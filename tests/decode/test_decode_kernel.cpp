@@ -521,7 +521,7 @@ TEST(DecodePlan, OptionsReachLongAndShortSplits) {
 }
 
 TEST(DecodePlan, RefusesUnsupportedGeometry) {
-  const auto expect_refused = [](auto&& f, const char* needle) {
+  const auto expect_refused = [](auto&& f, const std::string& needle) {
     try {
       f();
       ADD_FAILURE() << "not refused: " << needle;
@@ -530,8 +530,11 @@ TEST(DecodePlan, RefusesUnsupportedGeometry) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_refused([] { plan_decode(8, 96, 8, 1024, 132); }, "head_dim 96");
-  expect_refused([] { plan_decode(8, 96, 8, 1024, 132); }, "64, 128, 256");
+  for (const int d : {0, 32, 96, 192, 512}) {
+    if (cuda::head_dim_supported(d)) continue;
+    expect_refused([d] { plan_decode(8, d, 8, 1024, 132); }, "head_dim " + std::to_string(d));
+    expect_refused([d] { plan_decode(8, d, 8, 1024, 132); }, cuda::supported_head_dims());
+  }
   expect_refused([] { plan_decode(8, 128, 17, 1024, 132); }, "gqa 17");
   expect_refused([] { plan_decode(8, 128, 0, 1024, 132); }, "1..16");
   expect_refused([] { plan_decode(8, 128, 8, 0, 132); }, "max_view_keys 0");
@@ -542,9 +545,14 @@ TEST(DecodePlan, RefusesUnsupportedGeometry) {
 
 // The limits table the refusals are built from.
 TEST(DecodePlan, LimitsTable) {
-  EXPECT_EQ(cuda::supported_head_dims(), "64, 128, 256");
-  for (const int d : cuda::kSupportedHeadDims) EXPECT_TRUE(cuda::head_dim_supported(d)) << d;
-  for (const int d : {0, 32, 96, 192, 512}) EXPECT_FALSE(cuda::head_dim_supported(d)) << d;
+  std::string listed;  // the refusals' list: the table in order, ", " between
+  for (const int d : cuda::kSupportedHeadDims) {
+    EXPECT_TRUE(cuda::head_dim_supported(d)) << d;
+    EXPECT_EQ(d % 32, 0) << d;  // whole q8_0 / q5_1 blocks
+    listed += (listed.empty() ? "" : ", ") + std::to_string(d);
+  }
+  EXPECT_EQ(cuda::supported_head_dims(), listed);
+  for (const int d : {-64, 0, 1, 31, 33, 1 << 20}) EXPECT_FALSE(cuda::head_dim_supported(d)) << d;
   EXPECT_EQ(cuda::kMaxGqa, 16);
   EXPECT_GE(cuda::kMaxVerify, 16);  // SPEC §11
   EXPECT_LE(cuda::kDefaultMaxVerify, cuda::kMaxVerify);

@@ -439,8 +439,10 @@ TEST(CurrentDevice, TheCallersDeviceIsRestoredWhenACallThrows) {
       }
       EXPECT_EQ(current_device(), caller) << "after leaving a guard by an exception";
       // A refused construction (unsupported head dim) changes nothing either.
-      EXPECT_EQ(refusal_of([&] { cuda::KvLayer bad(flat(2, 96, 100), 8, stream.get()); }),
-                "cuda::KvLayer: head_dim 96 is not supported (supported: 64, 128, 256)");
+      const int hd = unsupported_head_dim();
+      EXPECT_EQ(refusal_of([&] { cuda::KvLayer bad(flat(2, hd, 100), 8, stream.get()); }),
+                "cuda::KvLayer: head_dim " + std::to_string(hd) +
+                    " is not supported (supported: " + cuda::supported_head_dims() + ")");
       EXPECT_EQ(current_device(), caller);
     }
   }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "commands.hpp"
+#include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/harness/campaign.hpp"
 #include "system_choice.hpp"
 
@@ -250,10 +251,10 @@ int run_fuzz(const std::vector<std::string>& args) {
   config.max_size = int(o.integer("max-size", 150, 1, 10000));
   config.replay_dir = o.get("replay-dir").value_or(".");
   if (o.get("head-dim")) {
-    config.limits.head_dim = int(o.integer("head-dim", 0, 64, 256));
-    if (config.limits.head_dim != 64 && config.limits.head_dim != 128 &&
-        config.limits.head_dim != 256)
-      throw UsageError("--head-dim '" + *o.get("head-dim") + "' must be 64, 128 or 256");
+    config.limits.head_dim = int(o.integer("head-dim", 0, 1, 1 << 16));
+    if (!cuda::head_dim_supported(config.limits.head_dim))
+      throw UsageError("--head-dim '" + *o.get("head-dim") + "' must be one of " +
+                       cuda::supported_head_dims());
   }
   config.limits.min_gqa = int(o.integer("min-gqa", 1, 1, 16));
   config.limits.max_gqa = int(o.integer("max-gqa", 16, config.limits.min_gqa, 16));

@@ -60,7 +60,7 @@ const char* split_kernel_name(SplitKernel kernel);
 /// max_view_keys, so one captured graph stays valid for every token.
 struct DecodePlan {
   int n_kv_heads = 0;
-  int head_dim = 0;                ///< K and V head dim (equal; 64, 128 or 256)
+  int head_dim = 0;                ///< K and V head dim (equal; one of kSupportedHeadDims)
   int gqa = 0;                     ///< query heads per KV head (1..16)
   std::int64_t max_view_keys = 0;  ///< longest view the grid serves (capacity or window)
   int n_splits = 0;                ///< thread blocks per KV head along the keys
@@ -169,7 +169,7 @@ inline constexpr std::size_t kDecodePlaneAlignment = 16;
 
 /// Chooses the grid for a geometry and the layer's options. Pure host arithmetic: it reads
 /// nothing but its arguments. Throws kvlayer::Error (refused) naming the value and the
-/// supported set for an unsupported head dim (64, 128, 256), gqa (1..16), n_kv_heads < 1,
+/// supported set for an unsupported head dim (kSupportedHeadDims), gqa (1..16), n_kv_heads < 1,
 /// max_view_keys outside [1, 2^31 − 1], multiprocessor_count < 1 or an option out of range.
 DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_view_keys,
                        int multiprocessor_count, const DecodeOptions& options);

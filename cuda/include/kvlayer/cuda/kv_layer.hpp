@@ -120,7 +120,7 @@ class KvLayer {
  public:
   /// Builds an empty layer (planes zeroed, counters 0) on the current device. Refuses an illegal
   /// geometry (the reference's messages) and any the CUDA kernels do not support: head_dim_k !=
-  /// head_dim_v, head dims outside {64, 128, 256}, n_q_heads not a multiple of n_kv_heads,
+  /// head_dim_v, head dims outside kSupportedHeadDims, n_q_heads not a multiple of n_kv_heads,
   /// gqa > 16, max_verify outside [1, kMaxVerify]; and a stream of another device. max_verify
   /// (SPEC §11) is the most queries a verify decode takes; the decode grid and scratch are sized
   /// for it here, once.
