@@ -9,10 +9,12 @@
 #          minutes, default 10 × 4) [∥ default_scale_f16 with DSF_CHECK=1], then `kvlayer
 #          sensitivity --gpu` per head dim while time is left;
 #   mut    tools/mutants (the full list, MJOBS at a time, default 13, 1 minute each) ∥
-#          default_scale_f16 alone at 3.5 minutes (DSF=0: not), then tools/bench-ab (--verify,
-#          one round) of the packed builds while time is left;
+#          default_scale_f16 alone at 3.5 minutes (DSF=0: not), then the mutants whose runs timed
+#          out, alone, then tools/bench-ab (--verify, one round) of the packed builds while time
+#          is left;
 #   ab     tools/bench-ab alone;
-#   all    check, mut and ab in one call (smaller campaign, mutants given more time each).
+#   all    check, mut and ab in one call (smaller campaign, mutants given more time each, the
+#          timed-out ones again alone).
 # Usage: bash tools/device-gate-remote.sh PHASE BUDGET_S   (environment: PACK, default
 # .devpack/gate: val.tar.xz (build-device/bin), mut.tar.xz (build-mutants/bin/kvlayer),
 # ab.tar.xz (tools/bench-ab --pack), COMMIT; AB_ROUNDS (default 1), AB_VERIFY (default 1: the
@@ -61,6 +63,18 @@ default_scale_f16() {  # MARGIN: the mutant that needs minutes of cases, on its 
     tools/mutants build-mutants 3.5 >"$L/default-scale-f16.txt" 2>&1
    echo "exit $?" >>"$L/default-scale-f16.txt")
 }
+retry_timeouts() {  # MARGIN: the mutants whose runs hit their time limit (rc 124: no verdict,
+  # mostly from sharing the GPU), again alone with the time that is left
+  local names
+  names=$(cat "$L/mutants.txt" "$L/default-scale-f16.txt" 2>/dev/null |
+    awk '/CRASH\(rc=124\)/ {print $1}' | sort -u | paste -sd'|')
+  [[ -n $names ]] || return 0
+  local minutes=$(( ($(left) - $1) / 60 ))
+  ((minutes >= 2)) || { echo "no time to retry: $names" >>"$L/times.txt"; return 0; }
+  (JOBS=16 MUTANTS_ONLY="^($names)\$" OUT=$L/retry timeout $(($(left) - $1)) \
+    tools/mutants build-mutants $((minutes - 1)) >"$L/mutants-retry.txt" 2>&1
+   echo "exit $?" >>"$L/mutants-retry.txt")
+}
 bench_ab() {  # MARGIN
   [[ -f $D/ab.tar.xz ]] || return 0
   timeout $(($(left) - $1)) python3 tools/bench-ab --unpack "$D/ab.tar.xz" \
@@ -88,6 +102,7 @@ case $phase in
     [[ ${DSF:-1} == 1 ]] && default_scale_f16 "${MUT_MARGIN:-100}" &
     wait
     echo "mutants done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
+    retry_timeouts 60
     (($(left) > 60)) && bench_ab 15
     ;;
   all)
@@ -99,6 +114,7 @@ case $phase in
     default_scale_f16 60 &
     wait
     echo "all done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
+    retry_timeouts 60
     (($(left) > 60)) && bench_ab 15
     ;;
   ab)
