@@ -209,6 +209,19 @@ __device__ __forceinline__ void update_softmax(SoftmaxState<GW>& state,
   }
 }
 
+/// Calls f(c, k, g) for each accumulator acc[c][k] of the thread whose query head g (hg +
+/// kHeadGroups·k) is one of the G heads.
+template <int D, int GPT, class F>
+__device__ __forceinline__ void for_each_owned(int G, int hg, F&& f) {
+#pragma unroll
+  for (int c = 0; c < Shape<D>::kCols; ++c)
+#pragma unroll
+    for (int k = 0; k < GPT; ++k) {
+      const int g = hg + Shape<D>::kHeadGroups * k;
+      if (g < G) f(c, k, g);
+    }
+}
+
 /// C: o = o·α + Σ_t p̃_t·V_t over the tile's valid keys (never a stale row). Thread owns
 /// columns col0 + c·kColThreads and query heads hg + kHeadGroups·k.
 template <int D, int GMAX, int GPT>
@@ -218,13 +231,9 @@ __device__ __forceinline__ void accumulate_pv(float (&acc)[Shape<D>::kCols][GPT]
                                               const float* alpha_s, int valid, int G, int col0,
                                               int hg) {
   using S = Shape<D>;
-#pragma unroll
-  for (int c = 0; c < S::kCols; ++c)
-#pragma unroll
-    for (int k = 0; k < GPT; ++k) {
-      const int g = hg + S::kHeadGroups * k;
-      if (g < G) acc[c][k] = pv_accumulator(acc[c][k] * alpha_s[g], MutantSite::decode_cuda_core);
-    }
+  for_each_owned<D, GPT>(G, hg, [&](int c, int k, int g) {
+    acc[c][k] = pv_accumulator(acc[c][k] * alpha_s[g], MutantSite::decode_cuda_core);
+  });
 #pragma unroll 1
   for (int t = 0; t < valid; ++t) {
 #pragma unroll
@@ -252,14 +261,9 @@ __device__ __forceinline__ void write_partial(const SplitRange& range,
                                               const float (&acc)[Shape<D>::kCols][GPT],
                                               const SoftmaxState<GW> state, int G, int col0, int hg,
                                               int warp, int lane) {
-  using S = Shape<D>;
-#pragma unroll
-  for (int c = 0; c < S::kCols; ++c)
-#pragma unroll
-    for (int k = 0; k < GPT; ++k) {
-      const int g = hg + S::kHeadGroups * k;
-      if (g < G) range.o[g * D + col0 + c * S::kColThreads] = acc[c][k];
-    }
+  for_each_owned<D, GPT>(G, hg, [&](int c, int k, int g) {
+    range.o[g * D + col0 + c * Shape<D>::kColThreads] = acc[c][k];
+  });
   if (lane == 0) {
 #pragma unroll
     for (int k = 0; k < GW; ++k) {
