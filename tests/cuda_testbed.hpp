@@ -27,18 +27,12 @@
 #include "kvlayer/testing/cuda_snapshot.hpp"
 #include "kvlayer/testing/geometry.hpp"
 #include "kvlayer/testing/gpu.hpp"
+#include "kvlayer/testing/head_dims.hpp"
 #include "kvlayer/testing/rng.hpp"
 #include "kvlayer/testing/rows.hpp"
 #include "kvlayer/testing/snapshot.hpp"
 
 namespace kvlayer::testing {
-
-/// A head dim (whole q8_0 blocks) the CUDA kernels are not built for (cuda::kSupportedHeadDims).
-inline int unsupported_head_dim() {
-  int d = 32;
-  while (cuda::head_dim_supported(d)) d += 32;
-  return d;
-}
 
 /// Enqueues one device-counter step on `layer` (append one row, inc_seqlen, decode; the windowed
 /// variants on a windowed layer) reading fixed input buffers, as a captured decode step does.

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kvlayer/crc32.hpp"
-#include "kvlayer/cuda/limits.hpp"
+#include "kvlayer/cuda/limits.hpp"  // supported_head_dims()
 #include "kvlayer/golden/golden.hpp"
 #include "kvlayer/golden/npy.hpp"
 #include "kvlayer/golden/sha256.hpp"
@@ -26,18 +26,12 @@
 #include "kvlayer/reference/kv_layer.hpp"
 #include "kvlayer/reference/quantize.hpp"
 #include "kvlayer/snapshot_file.hpp"
+#include "kvlayer/testing/head_dims.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using kvlayer::ref::BlockType;
-
-/// A head dim (whole q8_0 blocks) the CUDA kernels are not built for.
-std::string unsupported_head_dim() {
-  int d = 32;
-  while (kvlayer::cuda::head_dim_supported(d)) d += 32;
-  return std::to_string(d);
-}
 
 struct Result {
   int status = -1;
@@ -375,10 +369,10 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
       {{"replay", "a.json", "--hang-seconds", "1.5"},
        2,
        "kvlayer replay: --hang-seconds '1.5' must be an integer in [0, 86400]\n"},
-      {{"fuzz", "--head-dim", unsupported_head_dim()},
+      {{"fuzz", "--head-dim", std::to_string(kvlayer::testing::unsupported_head_dim())},
        2,
-       "kvlayer fuzz: --head-dim '" + unsupported_head_dim() + "' must be one of " +
-           kvlayer::cuda::supported_head_dims() + "\n"},
+       "kvlayer fuzz: --head-dim '" + std::to_string(kvlayer::testing::unsupported_head_dim()) +
+           "' must be one of " + kvlayer::cuda::supported_head_dims() + "\n"},
       {{"fuzz", "--rows", "halves"},
        2,
        "kvlayer fuzz: --rows 'halves' must be auto, split or whole\n"},

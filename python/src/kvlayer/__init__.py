@@ -51,7 +51,7 @@ cuda_head_dims = _kvlayer.cuda_head_dims
 __all__ = [
     "AccumulationShape", "BoundTightness", "DataError", "DecodeBound", "DeviceError", "Error",
     "Geometry", "KvLayer", "LayerStatus", "Snapshot", "cuda_available", "cuda_built",
-    "cuda_head_dims", "cuda_unavailable_reason", "default_scale", "dequantize_q5_1", "dequantize_q8_0",
-    "from_bf16_bits", "load_snapshot", "quantize_q5_1", "quantize_q8_0", "reference",
-    "save_snapshot", "to_bf16_bits",
+    "cuda_head_dims", "cuda_unavailable_reason", "default_scale", "dequantize_q5_1",
+    "dequantize_q8_0", "from_bf16_bits", "load_snapshot", "quantize_q5_1", "quantize_q8_0",
+    "reference", "save_snapshot", "to_bf16_bits",
 ]

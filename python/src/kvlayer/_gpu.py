@@ -136,9 +136,10 @@ class KvLayer:
     *, stream=None, storage="flat", max_append=1, rewind_slack=0)
 
     head_dim is one of kvlayer.cuda_head_dims (K and V alike); n_q_heads a multiple of
-    n_kv_heads, at most 16 times it; window None attends every row; max_verify (1..64) the largest T of a speculative
-    step. storage="ring" keeps a windowed layer in a compacting ring of window + max_append +
-    rewind_slack + 31 rows (max_append: the largest single append, e.g. the prefill chunk).
+    n_kv_heads, at most 16 times it; window None attends every row; max_verify (1..64) the
+    largest T of a speculative step. storage="ring" keeps a windowed layer in a compacting ring
+    of window + max_append + rewind_slack + 31 rows (max_append: the largest single append, e.g.
+    the prefill chunk).
     device: None (torch's current device), an index, "cuda:N" or a torch.device. stream: None
     (each call on the current stream, see the module's doc) or a fixed stream.
 
