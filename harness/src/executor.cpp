@@ -37,6 +37,10 @@ void Stats::add(const Stats& o) {
     worst_error = o.worst_error;
     worst_bound = o.worst_bound;
   }
+  if (o.worst_energy > worst_energy) {
+    worst_energy = o.worst_energy;
+    worst_energy_at = o.worst_energy_at;
+  }
 }
 
 namespace {
@@ -258,6 +262,7 @@ Sides::Sides(const Case& c, System* system, HangWatchdog* watchdog)
     : geometry_(c.geometry),
       dtype_(c.dtype),
       n_q_heads_(c.n_q_heads),
+      seed_(c.seed),
       timed_(system ? std::make_unique<TimedSystem>(*system, stats_, watchdog) : nullptr),
       system_(timed_.get()),
       model_(c.geometry, c.max_verify) {}
@@ -658,9 +663,16 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
     stats_.tightness.record(got, x.bound, i);
     launch.record(got, want, x.bound, i);
   }
+  const std::size_t rows = x.out->size() / (std::size_t(n_q_heads_) * std::size_t(g.head_dim_v));
+  if (launch.current_energy() > stats_.worst_energy) {
+    std::ostringstream s;
+    s << x.name << " of case seed " << seed_ << " (" << g.n_kv_heads << " x " << g.head_dim_k
+      << ", gqa " << n_q_heads_ / g.n_kv_heads << ", " << rows << " rows)";
+    stats_.worst_energy = launch.current_energy();
+    stats_.worst_energy_at = s.str();
+  }
   launch.end_launch();
   stats_.systematic.add(launch);
-  const std::size_t rows = x.out->size() / (std::size_t(n_q_heads_) * std::size_t(g.head_dim_v));
   stats_
       .systematic_by_path[std::string(rows > 1 ? "verify" : "decode") + " d" +
                           std::to_string(g.head_dim_k)]

@@ -201,6 +201,7 @@ class Sides {
   Geometry geometry_;
   DType dtype_;
   int n_q_heads_;
+  std::uint64_t seed_;  ///< the case's (named by the largest-energy launch)
   Stats stats_;
   std::unique_ptr<System> timed_;  ///< the given system behind a timing decorator
   System* system_;

@@ -2,6 +2,7 @@
 // rows (SPEC §11), and their accuracy bound.
 #include <Eigen/Dense>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -32,6 +33,11 @@ struct HeadCache {
   /// [keys × head_dim_v]: |V − m| + |m| with m the q5_1 block's minimum, i.e. |d·q| + |m|, the
   /// magnitude the f32 (or fp16 fused) dequantization rounds at.
   MatrixXdR v_dequant_mag;
+  /// Gathered for a tensor-core shape only (else empty): [keys × head_dim_v] the V the kernels
+  /// multiply (accuracy.hpp (3): d·q + m fused to fp16; the f32 value in a block whose header
+  /// may take a kernel's f32 path), and in such blocks |fused − f32|, the other candidate.
+  MatrixXdR v_fused, v_either;
+  bool any_either = false;  ///< v_either has a nonzero value
   Eigen::Index first(const DecodeView& view) const { return Eigen::Index(view.begin - begin); }
   Eigen::Index keys(const DecodeView& view) const { return Eigen::Index(view.end - view.begin); }
 };
@@ -54,11 +60,17 @@ ColumnSoftmax softmax_columns(const RowsRef& k, const MatrixXd& q_columns, doubl
 }
 
 /// The keys [view.begin, view.end) of one KV head (physical row = key − view.base).
-HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view) {
+HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
+                      bool tensor_core = false) {
   const Geometry& g = layer.geometry();
   const std::int64_t n = view.end - view.begin;
   HeadCache c{view.begin, MatrixXdR(n, g.head_dim_k), MatrixXdR(n, g.head_dim_v),
-              MatrixXdR(n, g.head_dim_v)};
+              MatrixXdR(n, g.head_dim_v), {}, {}};
+  if (tensor_core) {
+    c.v_fused.resize(n, g.head_dim_v);
+    c.v_either.setZero(n, g.head_dim_v);
+  }
+  std::array<double, kBlockValues> fused{};
   // One buffer per plane for the whole view (dequantized_head would allocate per row).
   std::vector<float> k(std::size_t(g.head_dim_k)), v(std::size_t(g.head_dim_v));
   for (std::int64_t t = 0; t < n; ++t) {
@@ -74,6 +86,19 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view)
         const double x = v[std::size_t(b + j)];
         c.v(t, b + j) = x;
         c.v_dequant_mag(t, b + j) = std::fabs(x - m) + std::fabs(m);
+      }
+      if (!tensor_core) continue;
+      const bool either = dequantize_q5_1_block_fused_f16(
+          std::span<const std::uint8_t, kQ5_1BlockBytes>(
+              v_bytes.data() + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes),
+          fused);
+      for (int j = 0; j < kBlockValues; ++j) {
+        const double x = c.v(t, b + j);
+        c.v_fused(t, b + j) = either ? x : fused[std::size_t(j)];
+        if (either && std::isfinite(x) && std::isfinite(fused[std::size_t(j)])) {
+          c.v_either(t, b + j) = std::fabs(fused[std::size_t(j)] - x);
+          c.any_either = c.any_either || c.v_either(t, b + j) != 0;
+        }
       }
     }
   }
@@ -361,6 +386,90 @@ struct BoundCache {
   bool any_subnormal = false;  ///< v_subnormal has a 1 (else its term is 0: not computed)
 };
 
+/// Where key t's p is exactly 1 in whatever accumulator frame holds it (accuracy.hpp (N1)): its
+/// score x_t exceeds every other key's within frame_keys − 1 positions (a frame lies inside one
+/// split, frame_keys = max_keys_per_split contiguous keys) by more than both scores' errors, so
+/// the GPU's running maximum at its tile is its own score and exp2f(0) = 1 is not rounded.
+Eigen::Array<bool, Eigen::Dynamic, 1> frame_maxima(const Eigen::VectorXd& x,
+                                                   const Eigen::VectorXd& delta,
+                                                   std::int64_t frame_keys) {
+  const Eigen::Index n = x.size();
+  const Eigen::Index w = std::clamp<Eigen::Index>(Eigen::Index(frame_keys) - 1, 0, n);
+  Eigen::Array<bool, Eigen::Dynamic, 1> out(n);
+  if (w == 0) {  // one key per frame: every p is e^0
+    out.setConstant(true);
+    return out;
+  }
+  // Windows of w keys on each side, from maxima within aligned blocks of w (van Herk): the
+  // window [a, a + w) is max(suffix[a], prefix[a + w − 1]); clipped at the ends, the whole
+  // prefix or suffix of the view.
+  Eigen::VectorXd prefix(n), suffix(n), head(n), tail(n);
+  for (Eigen::Index t = 0; t < n; ++t) {
+    prefix(t) = t % w == 0 ? x(t) : std::max(prefix(t - 1), x(t));
+    head(t) = t == 0 ? x(t) : std::max(head(t - 1), x(t));
+  }
+  for (Eigen::Index t = n - 1; t >= 0; --t) {
+    suffix(t) = t == n - 1 || (t + 1) % w == 0 ? x(t) : std::max(suffix(t + 1), x(t));
+    tail(t) = t == n - 1 ? x(t) : std::max(tail(t + 1), x(t));
+  }
+  const double worst = delta.maxCoeff();
+  for (Eigen::Index t = 0; t < n; ++t) {
+    double others = -INFINITY;
+    if (t > 0) others = t - w < 0 ? head(t - 1) : std::max(suffix(t - w), prefix(t - 1));
+    if (t < n - 1)
+      others = std::max(others, t + w > n - 1 ? tail(t + 1) : std::max(suffix(t + 1), prefix(t + w)));
+    out(t) = x(t) - others > delta(t) + worst;  // false for NaN
+  }
+  return out;
+}
+
+/// The statistical check's model of one (row, KV head) (accuracy.hpp, noise model): the output
+/// with the GPU's deterministic rounding of V, and the variance of (N1)–(N3) per element.
+struct NoiseModel {
+  MatrixXd expected, variance;  ///< [head_dim_v × gqa]
+};
+
+NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
+                       const ColumnSoftmax& both, const Eigen::Ref<const MatrixXd>& high,
+                       const MatrixXd& delta, std::int64_t frame_keys) {
+  const double u16 = std::ldexp(1.0, -11);
+  const Eigen::Index gqa = delta.cols();
+  const bool tensor_core = bc.c.v_fused.size() > 0;
+  const auto vm = (tensor_core ? bc.c.v_fused : bc.c.v).middleRows(first, n);
+  const auto p = both.p.rightCols(gqa);
+  NoiseModel m;
+  m.expected = vm.transpose() * p;
+  // Per key: (N1) p's fp16 rounding, u16²/3 of (p̂·V)², none for a frame's maximum; (N2) the
+  // score error, (p̂·δ)²/3 of (V − expected)² (the row sum sees it too, hence the centring).
+  MatrixXd w(n, 2 * gqa);
+  for (Eigen::Index j = 0; j < gqa; ++j) {
+    const Eigen::VectorXd x = both.scores.col(gqa + j);
+    const auto exact = frame_maxima(x, delta.col(j), frame_keys);
+    const Eigen::ArrayXd h2 = high.col(j).array().square();
+    w.col(j) = (exact.select(0.0, h2 * (u16 * u16 / 3))).matrix();
+    w.col(gqa + j) = (h2 * delta.col(j).array().square() / 3).matrix();
+  }
+  MatrixXd squares = MatrixXd::Zero(vm.cols(), 2 * gqa);
+  for (Eigen::Index c = 0; c < n; c += 4096) {  // |V|² of a long view: chunks, no plane
+    const Eigen::Index k = std::min<Eigen::Index>(4096, n - c);
+    squares.noalias() += vm.middleRows(c, k).array().square().matrix().transpose() *
+                         w.middleRows(c, k);
+  }
+  const MatrixXd linear = vm.transpose() * w.rightCols(gqa);
+  const Eigen::RowVectorXd total = w.rightCols(gqa).colwise().sum();
+  m.variance = squares.leftCols(gqa);
+  for (Eigen::Index j = 0; j < gqa; ++j)
+    m.variance.col(j) += (squares.col(gqa + j) - 2 * m.expected.col(j).cwiseProduct(linear.col(j)) +
+                          total(j) * m.expected.col(j).cwiseAbs2())
+                             .cwiseMax(0.0);
+  // (N3) A block whose header lets some kernel take the f32 path: the other candidate's whole
+  // difference, weighted as a rounding of p̂·V would be.
+  if (tensor_core && bc.c.any_either)
+    m.variance.noalias() += bc.c.v_either.middleRows(first, n).array().square().matrix().transpose() *
+                            high.array().square().matrix();
+  return m;
+}
+
 /// The bound of every row of `views` (q is [views.size(), n_q_heads, head_dim_k]): each
 /// (row, KV head) on its view's block of caches gathered once for the union of the views.
 std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float> q, int n_q_heads,
@@ -377,7 +486,8 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
   for (DecodeBound& r : out)
     r = DecodeBound{std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
                     std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
-                    std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0)};
+                    std::vector<double>(n_out, 0.0), std::vector<double>(n_out, 0.0),
+                    std::vector<double>(n_out, 0.0)};
   // Rounding point (5): one m16n8k16 accumulation is within γ of Σ|addends|.
   const double gamma = 2.0 * (kMmaK + 2) * u32;
   // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)).
@@ -389,14 +499,14 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
   const double chain = shape.tensor_core ? gamma / u32 * double(shape.pv_mma_steps)
                                          : double(shape.max_keys_per_split);
   const double accumulation = (chain + 4 * rescales + double(shape.n_splits) + 8) * u32;
-  // The envelope's: each chain's per-step errors add as a root-sum-square.
+  // The noise model's (N4): each chain's per-step errors add as a root-sum-square.
   const double accumulation_rms =
       (std::sqrt(chain) + std::sqrt(4 * rescales + double(shape.n_splits) + 8)) * u32;
   const DecodeView all = union_of(views);
   std::vector<BoundCache> heads(std::size_t(g.n_kv_heads));
   detail::parallel_rows(heads.size(), [&](std::size_t kv) {
     BoundCache& h = heads[kv];
-    h.c = gather_head(layer, int(kv), all);
+    h.c = gather_head(layer, int(kv), all, shape.tensor_core);
     h.abs_k = h.c.k.cwiseAbs();
     h.abs_v = h.c.v.cwiseAbs();
     h.v_subnormal =
@@ -425,11 +535,12 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
         std::fabs(s) * (abs_k * q_both.rightCols(gqa).cwiseAbs());  // [keys × gqa]
     // [keys × gqa] each: p̂'s deviation, its largest value, and 1 where the GPU's p may fall
     // below fp16's normal range.
-    MatrixXd deviation_high(n, 3 * gqa);
+    MatrixXd deviation_high(n, 3 * gqa), delta_all(n, gqa);
     for (int j = 0; j < gqa; ++j) {
       const Eigen::VectorXd x = both.scores.col(gqa + j).array() - both.top(gqa + j);
       const Eigen::VectorXd delta =
           magnitude.col(j) * dot + (8 * u32 * (1.0 + x.array().abs())).matrix();
+      delta_all.col(j) = delta;
       Eigen::VectorXd lo, hi;
       probability_range(x, delta, lo, hi);
       const auto p = both.p.col(gqa + j);
@@ -451,15 +562,8 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     const MatrixXd terms = abs_v.transpose() * deviation_high;
     const auto term_perturbation = terms.leftCols(gqa), term_v = terms.middleCols(gqa, gqa),
                term_underflow = terms.rightCols(gqa);
-    // The envelope's root-sum-squares: Σ_t (w_t·|V_te|)² for w = p̂'s deviation and its largest
-    // value, over key chunks (|V|² of a whole long view would be another plane-sized temporary).
-    MatrixXd squares = MatrixXd::Zero(g.head_dim_v, 2 * gqa);
-    for (Eigen::Index c = 0; c < n; c += 4096) {
-      const Eigen::Index m = std::min<Eigen::Index>(4096, n - c);
-      squares.noalias() +=
-          abs_v.middleRows(c, m).array().square().matrix().transpose() *
-          deviation_high.middleRows(c, m).leftCols(2 * gqa).array().square().matrix();
-    }
+    const NoiseModel noise = noise_model(bc, first, n, both, deviation_high.middleCols(gqa, gqa),
+                                         delta_all, shape.max_keys_per_split);
     const MatrixXd term_dequant = bc.c.v_dequant_mag.middleRows(first, n).transpose() * high;
     const MatrixXd term_subnormal =
         bc.any_subnormal ? MatrixXd(bc.v_subnormal.middleRows(first, n).transpose() * high)
@@ -493,9 +597,11 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
                              std::ldexp(1.0, -25) * (1 + u16) * term_underflow(e, j);
         r.bound[i] = r.exact_q[i] + term_perturbation(e, j) + (2 * u16 + u16 * u16) * term_v(e, j) +
                      2 * accumulation * (1 + 2 * u16) * term_v(e, j) + small;
-        r.envelope[i] = std::sqrt(squares(e, j)) +
-                        (2 * u16 + u16 * u16) * std::sqrt(squares(e, gqa + j)) +
-                        2 * accumulation_rms * (1 + 2 * u16) * term_v(e, j) + small;
+        r.expected[i] = noise.expected(e, j);
+        // (N4): the chains' rounding at their root-sum-square, on Σ p̂·|V|; (N5) the small
+        // terms at their worst case.
+        const double chains = 2 * accumulation_rms * (1 + 2 * u16) * term_v(e, j);
+        r.sigma[i] = std::sqrt(noise.variance(e, j) + chains * chains + small * small);
       }
     }
   });

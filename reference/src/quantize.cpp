@@ -106,6 +106,28 @@ float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in) {
   return f16_bits_to_f32(load_u16(in.data() + 2));
 }
 
+double round_to_f16(double x) {
+  if (x == 0 || !std::isfinite(x)) return x;
+  // The ulp of x's binade (subnormals: 2^-24); nearbyint rounds ties to even.
+  const int ulp = std::max(std::ilogb(x), -14) - 10;
+  const double r = std::ldexp(std::nearbyint(std::ldexp(x, -ulp)), ulp);
+  return std::fabs(r) > 65504.0 ? std::copysign(INFINITY, x) : r;
+}
+
+bool dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
+                                     std::span<double, kBlockValues> out) {
+  const double d = f16_bits_to_f32(load_u16(in.data()));
+  const double m = q5_1_block_min(in);
+  std::uint32_t qh = 0;
+  for (int b = 0; b < 4; ++b) qh |= std::uint32_t(in[4 + b]) << (8 * b);
+  for (int j = 0; j < kBlockValues; ++j) {
+    const std::uint32_t nibble = (in[8 + j % 16] >> (j < 16 ? 0 : 4)) & 0x0Fu;
+    const std::uint32_t q = nibble | (((qh >> j) & 1u) << 4);
+    out[j] = round_to_f16(d * double(q) + m);  // exact in double: d·q + m spans < 41 bits
+  }
+  return !(std::fabs(d) <= 1024 && std::fabs(m) <= 32768);
+}
+
 void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
                            std::span<float, kBlockValues> out) {
   const float d = f16_bits_to_f32(load_u16(in.data()));

@@ -28,16 +28,16 @@ void SystematicCheck::record(double got, double want, const DecodeBound& b, std:
   const double bound = b.bound[i], o = b.rounded[i];
   const double d = got - want;
   if (std::isfinite(d) && std::isfinite(o) && o != 0) reach(d, o, bound, bound_up_, bound_down_);
-  if (i < b.envelope.size() && b.envelope[i] > 0 && std::isfinite(b.envelope[i]) &&
-      std::isfinite(got) && std::isfinite(o)) {
-    const double env = b.envelope[i], r = got - o, ratio = std::fabs(r) / env;
-    ++envelope_elements_;
-    ++envelope_in_launch_;
-    max_envelope_ratio_ = std::max(max_envelope_ratio_, ratio);
-    for (std::size_t k = 0; k < envelope_counts_.size(); ++k)
-      if (ratio >= kEnvelopeLevels[k]) ++envelope_counts_[k];
-    if (o != 0) reach(r, o, kEnvelopeLevels[2] * env, envelope_up_, envelope_down_);
-    const double rho = r / env, kappa = o / env;
+  if (i < b.sigma.size() && b.sigma[i] > 0 && std::isfinite(b.sigma[i]) && std::isfinite(got) &&
+      std::isfinite(b.expected[i])) {
+    const double sg = b.sigma[i], c = b.expected[i], r = got - c, ratio = std::fabs(r) / sg;
+    ++noise_elements_;
+    ++noise_in_launch_;
+    max_noise_ratio_ = std::max(max_noise_ratio_, ratio);
+    for (std::size_t k = 0; k < noise_counts_.size(); ++k)
+      if (ratio >= kNoiseLevels[k]) ++noise_counts_[k];
+    if (c != 0) reach(r, c, kNoiseLevels[2] * sg, noise_up_, noise_down_);
+    const double rho = r / sg, kappa = c / sg;
     energy_rr_ += rho * rho;
     energy_rk_ += rho * kappa;
     energy_kk_ += kappa * kappa;
@@ -45,34 +45,35 @@ void SystematicCheck::record(double got, double want, const DecodeBound& b, std:
   record_residual(got, o, bound - b.exact_q[i]);
 }
 
-double SystematicCheck::current_envelope_resolution() const {
-  if (envelope_in_launch_ == 0) return INFINITY;
-  return std::max(envelope_up_, envelope_down_);
+double SystematicCheck::current_noise_resolution() const {
+  if (noise_in_launch_ == 0) return INFINITY;
+  return std::max(noise_up_, noise_down_);
 }
 
-double SystematicCheck::envelope_resolution(double q) const {
-  return resolution_at(envelope_histogram_, envelope_launches_, q);
+double SystematicCheck::noise_resolution(double q) const {
+  return resolution_at(noise_histogram_, noise_launches_, q);
 }
 
 double SystematicCheck::current_energy() const {
-  return envelope_in_launch_ > 0 ? energy_rr_ / double(envelope_in_launch_) : 0.0;
+  return noise_in_launch_ > 0 ? energy_rr_ / double(noise_in_launch_) : 0.0;
 }
 
 double SystematicCheck::current_energy_resolution() const {
-  // Σ(ρ + βκ)² ≥ 4·Σρ² ⇔ Σκ²·β² ± 2·Σρκ·β − 3·Σρ² ≥ 0: the positive root of the worse sign.
-  if (envelope_in_launch_ == 0 || !(energy_kk_ > 0)) return INFINITY;
-  const double a = energy_kk_, b = 2 * std::fabs(energy_rk_), c = -3 * energy_rr_;
-  if (c == 0) return 0;  // no residual at all: any β raises it
+  // Σ(ρ + βκ)² ≥ τ·n ⇔ Σκ²·β² ± 2·Σρκ·β + (Σρ² − τ·n) ≥ 0: the positive root of the worse sign.
+  if (noise_in_launch_ == 0 || !(energy_kk_ > 0)) return INFINITY;
+  const double a = energy_kk_, b = 2 * std::fabs(energy_rk_),
+               c = energy_rr_ - kNoiseThreshold * double(noise_in_launch_);
+  if (c >= 0) return 0;  // already an alarm
   // The sign that lowers the energy first (b > 0 against it) needs the larger β.
   return (b + std::sqrt(b * b - 4 * a * c)) / (2 * a);
 }
 
 double SystematicCheck::energy(double q) const {
-  return resolution_at(energy_histogram_, envelope_launches_, q);
+  return resolution_at(energy_histogram_, noise_launches_, q);
 }
 
 double SystematicCheck::energy_resolution(double q) const {
-  return resolution_at(energy_resolution_histogram_, envelope_launches_, q);
+  return resolution_at(energy_resolution_histogram_, noise_launches_, q);
 }
 
 void SystematicCheck::record(double got, double rounded, double noise_scale) {
@@ -164,11 +165,12 @@ void SystematicCheck::end_launch() {
       ++bound_launches_;
       ++bound_histogram_[std::size_t(resolution_bin(current_bound_resolution()))];
     }
-    if (envelope_in_launch_ > 0) {
-      ++envelope_launches_;
-      ++envelope_histogram_[std::size_t(resolution_bin(current_envelope_resolution()))];
+    if (noise_in_launch_ > 0) {
+      ++noise_launches_;
+      ++noise_histogram_[std::size_t(resolution_bin(current_noise_resolution()))];
       const double e = current_energy();
       max_energy_ = std::max(max_energy_, e);
+      if (e >= kNoiseThreshold) ++noise_alarms_;
       ++energy_histogram_[std::size_t(resolution_bin(e > 0 ? e : std::ldexp(1.0, -41)))];
       ++energy_resolution_histogram_[std::size_t(resolution_bin(current_energy_resolution()))];
     }
@@ -185,8 +187,8 @@ void SystematicCheck::end_launch() {
   sum_r2_sigma2_ = {};
   a_ = b_ = c_ = d_ = e_ = 0;
   bound_up_ = bound_down_ = INFINITY;
-  envelope_up_ = envelope_down_ = INFINITY;
-  envelope_in_launch_ = 0;
+  noise_up_ = noise_down_ = INFINITY;
+  noise_in_launch_ = 0;
   energy_rr_ = energy_rk_ = energy_kk_ = 0;
   unbounded_ = 0;
   in_launch_ = 0;
@@ -197,16 +199,17 @@ void SystematicCheck::add(const SystematicCheck& o) {
   elements_ += o.elements_;
   small_launches_ += o.small_launches_;
   bound_launches_ += o.bound_launches_;
-  envelope_launches_ += o.envelope_launches_;
-  envelope_elements_ += o.envelope_elements_;
-  max_envelope_ratio_ = std::max(max_envelope_ratio_, o.max_envelope_ratio_);
+  noise_launches_ += o.noise_launches_;
+  noise_elements_ += o.noise_elements_;
+  max_noise_ratio_ = std::max(max_noise_ratio_, o.max_noise_ratio_);
   max_energy_ = std::max(max_energy_, o.max_energy_);
-  for (std::size_t k = 0; k < envelope_counts_.size(); ++k)
-    envelope_counts_[k] += o.envelope_counts_[k];
+  noise_alarms_ += o.noise_alarms_;
+  for (std::size_t k = 0; k < noise_counts_.size(); ++k)
+    noise_counts_[k] += o.noise_counts_[k];
   for (int b = 0; b < kResolutionBins; ++b) {
     bound_histogram_[std::size_t(b)] += o.bound_histogram_[std::size_t(b)];
     statistic_histogram_[std::size_t(b)] += o.statistic_histogram_[std::size_t(b)];
-    envelope_histogram_[std::size_t(b)] += o.envelope_histogram_[std::size_t(b)];
+    noise_histogram_[std::size_t(b)] += o.noise_histogram_[std::size_t(b)];
     energy_histogram_[std::size_t(b)] += o.energy_histogram_[std::size_t(b)];
     energy_resolution_histogram_[std::size_t(b)] += o.energy_resolution_histogram_[std::size_t(b)];
   }
@@ -253,20 +256,22 @@ std::string SystematicCheck::summary(const std::string& path) const {
          beta(bound_resolution(0.5)) + " p90 " + beta(bound_resolution(0.9)) + " (" +
          std::to_string(bound_launches_) + " launches), statistic p50 " +
          beta(statistic_resolution(0.5)) + " p90 " + beta(statistic_resolution(0.9)) +
-         "; envelope: max |GPU - o~|/envelope " +
+         "; noise model: max |GPU - expected|/sigma " +
          [&] {
            char b[32];
-           std::snprintf(b, sizeof b, "%.3g", max_envelope_ratio_);
+           std::snprintf(b, sizeof b, "%.3g", max_noise_ratio_);
            return std::string(b);
          }() +
-         ", elements >= 2: " + std::to_string(envelope_counts_[0]) +
-         ", >= 4: " + std::to_string(envelope_counts_[1]) +
-         ", >= 8: " + std::to_string(envelope_counts_[2]) + " of " +
-         std::to_string(envelope_elements_) + "; 8 envelopes reached per launch by p50 " +
-         beta(envelope_resolution(0.5)) + " p90 " + beta(envelope_resolution(0.9)) +
-         "; energy per launch p50 " + beta(energy(0.5)) + " p99 " + beta(energy(0.99)) + " max " +
-         beta(max_energy_) + ", 4x reached by p50 " + beta(energy_resolution(0.5)) + " p90 " +
-         beta(energy_resolution(0.9));
+         ", elements >= 2: " + std::to_string(noise_counts_[0]) +
+         ", >= 4: " + std::to_string(noise_counts_[1]) +
+         ", >= 8: " + std::to_string(noise_counts_[2]) + " of " +
+         std::to_string(noise_elements_) + "; 8 sigma reached per launch by p50 " +
+         beta(noise_resolution(0.5)) + " p90 " + beta(noise_resolution(0.9)) +
+         "; declared check: energy per launch p50 " + beta(energy(0.5)) + " p99 " +
+         beta(energy(0.99)) + " max " + beta(max_energy_) + ", " + std::to_string(noise_alarms_) +
+         " of " + std::to_string(noise_launches_) + " launches >= " +
+         std::to_string(int(kNoiseThreshold)) + " (alarms); the threshold reached by p50 " +
+         beta(energy_resolution(0.5)) + " p90 " + beta(energy_resolution(0.9));
 }
 
 }  // namespace kvlayer::ref

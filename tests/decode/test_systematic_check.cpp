@@ -151,14 +151,14 @@ TEST(SystematicCheck, TheEnvelopeCountsRatiosAndItsResolution) {
   DecodeBound b{{1.0}, {0.0}, {1.0}, {2.0}, {1.0}};
   b.envelope = {e};
   c.record(2.0 + 3 * e, 2.0, b, 0);
-  EXPECT_DOUBLE_EQ(c.max_envelope_ratio(), 3.0);
-  EXPECT_EQ(c.envelope_count(0), 1);
-  EXPECT_EQ(c.envelope_count(1), 0);
-  EXPECT_DOUBLE_EQ(c.current_envelope_resolution(), 11 * e / 2);
+  EXPECT_DOUBLE_EQ(c.max_noise_ratio(), 3.0);
+  EXPECT_EQ(c.noise_count(0), 1);
+  EXPECT_EQ(c.noise_count(1), 0);
+  EXPECT_DOUBLE_EQ(c.current_noise_resolution(), 11 * e / 2);
   // Without an envelope an element counts nowhere.
   c.record(2.5, 2.0, DecodeBound{{1.0}, {0.0}, {1.0}, {2.0}, {1.0}}, 0);
-  EXPECT_EQ(c.envelope_elements(), 1);
-  EXPECT_DOUBLE_EQ(c.max_envelope_ratio(), 3.0);
+  EXPECT_EQ(c.noise_elements(), 1);
+  EXPECT_DOUBLE_EQ(c.max_noise_ratio(), 3.0);
 }
 
 /// The energy: the mean of (r/envelope)² over a launch, and the relative error β along õ that

@@ -137,6 +137,11 @@ void print_summary(const harness::CampaignResult& r, const std::string& side) {
   std::snprintf(worst, sizeof worst, "%.3g (error %.3g against bound %.3g)",
                 r.stats.worst_error_ratio, r.stats.worst_error, r.stats.worst_bound);
   line("largest decode error/bound", r.stats.worst_bound > 0 ? worst : "n/a (no GPU outputs)");
+  if (r.stats.worst_energy > 0) {
+    char energy[64];
+    std::snprintf(energy, sizeof energy, "%.3g in ", r.stats.worst_energy);
+    line("largest launch energy", energy + r.stats.worst_energy_at);
+  }
   // Where the time went: tells a slow campaign's bottleneck (model, device calls, read-backs).
   const harness::Stats& t = r.stats;
   const double model =

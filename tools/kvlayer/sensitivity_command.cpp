@@ -203,25 +203,69 @@ double launch_z(const std::vector<double>& got, const ref::DecodeBound& b) {
                   std::fabs(c.current_z(ref::SystematicCheck::constant)));
 }
 
-/// The launch's energy, mean((x − õ)² / envelope²) over the elements with an envelope
-/// (ref::SystematicCheck's, report only).
+/// The launch's energy, mean(((x − expected)/sigma)²) over the elements with a sigma (the
+/// declared check, ref::SystematicCheck and accuracy.hpp's noise model).
 double launch_energy(const std::vector<double>& x, const ref::DecodeBound& b) {
   double sum = 0;
   std::size_t n = 0;
   for (std::size_t i = 0; i < x.size(); ++i)
-    if (b.envelope[i] > 0) {
-      sum += std::pow((x[i] - b.rounded[i]) / b.envelope[i], 2);
+    if (b.sigma[i] > 0) {
+      sum += std::pow((x[i] - b.expected[i]) / b.sigma[i], 2);
       ++n;
     }
   return n ? sum / double(n) : 0.0;
 }
 
-/// The largest |x − õ| / envelope over the output (DecodeBound::envelope, report only).
-double envelope_ratio(const std::vector<double>& x, const ref::DecodeBound& b) {
+/// The largest |x − expected| / sigma over the output.
+double noise_ratio(const std::vector<double>& x, const ref::DecodeBound& b) {
   double worst = 0;
   for (std::size_t i = 0; i < x.size(); ++i)
-    if (b.envelope[i] > 0) worst = std::max(worst, std::fabs(x[i] - b.rounded[i]) / b.envelope[i]);
+    if (b.sigma[i] > 0) worst = std::max(worst, std::fabs(x[i] - b.expected[i]) / b.sigma[i]);
   return worst;
+}
+
+/// --save / --load: a GPU decode's output and accumulation shape, so that the sweep can be
+/// replayed without a GPU (the model of accuracy.hpp studied against real GPU rounding).
+std::string saved_name(const std::string& dir, int D, std::int64_t keys, const char* data,
+                       int rows) {
+  return dir + "/d" + std::to_string(D) + "_k" + std::to_string(keys) + "_" + data + "_t" +
+         std::to_string(rows);
+}
+
+void save_output(const std::string& name, const std::vector<float>& got,
+                 const AccumulationShape& s) {
+  std::FILE* f = std::fopen((name + ".f32").c_str(), "wb");
+  if (!f || std::fwrite(got.data(), sizeof(float), got.size(), f) != got.size())
+    throw Error(ErrorKind::refused, "sensitivity: cannot write " + name + ".f32");
+  std::fclose(f);
+  f = std::fopen((name + ".shape").c_str(), "w");
+  if (!f) throw Error(ErrorKind::refused, "sensitivity: cannot write " + name + ".shape");
+  std::fprintf(f, "%lld %lld %lld %d %lld\n", (long long)s.max_keys_per_split,
+               (long long)s.n_splits, (long long)s.rescales, s.tensor_core ? 1 : 0,
+               (long long)s.pv_mma_steps);
+  std::fclose(f);
+}
+
+std::vector<float> load_output(const std::string& name, std::size_t values,
+                               AccumulationShape& s) {
+  std::vector<float> got(values);
+  std::FILE* f = std::fopen((name + ".f32").c_str(), "rb");
+  if (!f || std::fread(got.data(), sizeof(float), values, f) != values)
+    throw Error(ErrorKind::refused, "sensitivity: cannot read " + std::to_string(values) +
+                                        " values from " + name + ".f32");
+  std::fclose(f);
+  f = std::fopen((name + ".shape").c_str(), "r");
+  long long a = 0, b = 0, c = 0, e = 0;
+  int tc = 0;
+  if (!f || std::fscanf(f, "%lld %lld %lld %d %lld", &a, &b, &c, &tc, &e) != 5)
+    throw Error(ErrorKind::refused, "sensitivity: cannot read " + name + ".shape");
+  std::fclose(f);
+  s.max_keys_per_split = a;
+  s.n_splits = b;
+  s.rescales = c;
+  s.tensor_core = tc != 0;
+  s.pv_mma_steps = e;
+  return got;
 }
 
 /// The largest |planted − clean| / bound over the output (the bound from ref::decode_bound).
@@ -234,22 +278,24 @@ double worst_ratio(const std::vector<double>& planted, const std::vector<double>
 }
 
 int run(const std::vector<std::string>& args) {
-  const Options o(args, {"longest", "seed", "rows", "head-dim"}, {"gpu"});
+  const Options o(args, {"longest", "seed", "rows", "head-dim", "save", "load"}, {"gpu"});
   const std::int64_t longest = o.integer("longest", kBuckets[4], 1, kBuckets[4]);
   const int rows = int(o.integer("rows", 1, 1, cuda::kMaxVerify));
-  const bool gpu = o.flag("gpu");
+  const std::string save = o.get("save").value_or(""), load = o.get("load").value_or("");
+  if (!save.empty() && !o.flag("gpu")) throw UsageError("--save needs --gpu");
+  if (!load.empty() && o.flag("gpu")) throw UsageError("--load replays a saved GPU run: no --gpu");
+  const bool gpu = o.flag("gpu") || !load.empty();  // with a GPU's output, live or saved
   const int only_head_dim = int(o.integer("head-dim", 0, 0, 1 << 20));
   if (only_head_dim != 0 && !cuda::head_dim_supported(only_head_dim))
     throw UsageError("--head-dim " + std::to_string(only_head_dim) +
                      " is not a supported head dim (" + cuda::supported_head_dims() + ")");
 #ifndef KVLAYER_WITH_CUDA
-  if (gpu) throw UsageError("--gpu needs a build with the CUDA layer (this one has none)");
+  if (o.flag("gpu")) throw UsageError("--gpu needs a build with the CUDA layer (this one has none)");
 #endif
   std::mt19937_64 rng(std::uint64_t(o.integer("seed", 1, 0, INT64_MAX)));
   std::printf(
       "kvlayer sensitivity: the smallest planted relative error 2^-k (k = %d..%d) whose decode "
-      "leaves the bound / reaches 8 envelopes\n(the envelope: DecodeBound::envelope, report "
-      "only)\n(reference, float64; 1 KV head, gqa %d; '-' none caught down to "
+      "leaves the bound\n(reference, float64; 1 KV head, gqa %d; '-' none caught down to "
       "2^-%d; drop: the largest |error|/bound when the first or last key is left out; no plant:\n"
       "the same for fp16(q) alone, e_q/bound)\n%s\n",
       kLastExponent, kFirstExponent, kGqa, kFirstExponent,
@@ -260,13 +306,14 @@ int run(const std::vector<std::string>& args) {
                       .c_str());
   if (gpu)
     std::printf(
-        "GPU mode: each plant's effect is added to the CUDA layer's own decode of the same rows\n"
-        "(its real rounding); a cell reads bound/env/E10/E12: the smallest 2^-k that leaves the\n"
-        "bound / that reaches 8 envelopes (DecodeBound::envelope) / the launch's energy,\n"
-        "mean((x - o~)^2 / envelope^2), with the plant at 2^-10 / at 2^-12 in units of the GPU's\n"
-        "clean energy (>= 4: the RMS doubled; envelope and energy: report only, nothing fails on\n"
-        "them, systematic_check.hpp); drop cells read |error|/bound, |z|; the no-plant cell\n"
-        "|error|/bound, |z|, |error|/envelope (the clean ratio), the clean energy\n\n");
+        "GPU mode%s: each plant's effect is added to the CUDA layer's own decode of the same\n"
+        "rows (its real rounding); a cell reads bound/8sigma/declared/E12: the smallest 2^-k that\n"
+        "leaves the bound / that puts an element 8 sigma from the noise model's expected value /\n"
+        "that the declared check catches (the launch's energy mean(((x - expected)/sigma)^2) >=\n"
+        "%g; accuracy.hpp, noise model), and that energy with the plant at 2^-12; drop cells\n"
+        "read |error|/bound, |z|; the no-plant cell |error|/bound, |z|, |error|/sigma, energy\n\n",
+        load.empty() ? "" : (" (replayed from " + load + ")").c_str(),
+        ref::SystematicCheck::kNoiseThreshold);
   std::printf("%-4s %-7s %-7s", "D", "keys", "data");
   for (Plant p : kPlants) std::printf(" %26s", plant_name(p));
   std::printf(" %16s %16s %16s  %s\n", "drop first", "drop last", "no plant", "self-check");
@@ -279,7 +326,7 @@ int run(const std::vector<std::string>& args) {
         std::vector<float> got;  // the GPU's decode (GPU mode)
 #ifdef KVLAYER_WITH_CUDA
         std::optional<GpuDecode> device;
-        if (gpu) {
+        if (gpu && load.empty()) {
           Geometry g;
           g.n_kv_heads = 1;
           g.head_dim_k = g.head_dim_v = D;
@@ -299,8 +346,12 @@ int run(const std::vector<std::string>& args) {
           got = device->decode_rows(s.q, rows);
           shape =
               rows == 1 ? device->accumulation_shape() : device->verify_accumulation_shape(rows);
+          if (!save.empty()) save_output(saved_name(save, D, keys, data_name(data), rows), got, shape);
         }
 #endif
+        if (!load.empty())
+          got = load_output(saved_name(load, D, keys, data_name(data), rows),
+                            std::size_t(rows) * kGqa * std::size_t(D), shape);
         // Row i attends keys [0, view_end[i]): the whole view for a decode, the causal views
         // of the last T positions for a verify (SPEC §11).
         const std::vector<ref::DecodeView> views =
@@ -354,15 +405,15 @@ int run(const std::vector<std::string>& args) {
         for (std::size_t i = 0; i < clean.size(); ++i)
           self = std::max(self, std::fabs(clean[i] - b.rounded[i]) / b.bound[i]);
         std::printf("%-4d %-7lld %-7s", D, (long long)keys, data_name(data));
-        const double clean_energy =
-            gpu ? launch_energy(std::vector<double>(got.begin(), got.end()), b) : 1.0;
+        const double tau = ref::SystematicCheck::kNoiseThreshold;
         for (const Plant plant : kPlants) {
-          int caught = 0, enveloped = 0;  // the bound's, the envelope's at 8 envelopes
-          // GPU mode: the launch's energy with the plant at 2^-10, 2^-12, in units of its own
-          // (the GPU's clean) energy.
-          double e10 = 0, e12 = 0;
-          for (int e = kLastExponent;
-               e >= kFirstExponent && (caught == 0 || enveloped == 0 || (gpu && e >= 10)); --e) {
+          // The smallest 2^-k the bound catches, that puts an element at 8 sigma, and (GPU)
+          // that the declared check catches (the launch's energy ≥ tau); its energy at 2^-12.
+          int caught = 0, sigmas = 0, declared = 0;
+          double e12 = 0;
+          for (int e = kLastExponent; e >= kFirstExponent &&
+                                      (caught == 0 || sigmas == 0 || (gpu && declared == 0));
+               --e) {
             const double eps = std::ldexp(1.0, -e);
             std::vector<double> planted;
             switch (plant) {
@@ -380,23 +431,24 @@ int run(const std::vector<std::string>& args) {
                 for (double& x : planted) x *= 1 + eps;
                 break;
             }
-            const double level = ref::SystematicCheck::kEnvelopeLevels[2];
+            const double level = ref::SystematicCheck::kNoiseLevels[2];
             if (!gpu) {
               if (caught == 0 && worst_ratio(planted, clean_ref, b) > 1) caught = e;
-              if (enveloped == 0 && envelope_ratio(planted, b) >= level) enveloped = e;
               continue;
             }
             const std::vector<double> seen = on_gpu(got, planted, clean);
             if (caught == 0 && worst_ratio(seen, clean_ref, b) > 1) caught = e;
-            if (enveloped == 0 && envelope_ratio(seen, b) >= level) enveloped = e;
-            if (e == 10) e10 = launch_energy(seen, b) / clean_energy;
-            if (e == 12) e12 = launch_energy(seen, b) / clean_energy;
+            if (sigmas == 0 && noise_ratio(seen, b) >= level) sigmas = e;
+            const double energy = launch_energy(seen, b);
+            if (declared == 0 && energy >= tau) declared = e;
+            if (e == 12) e12 = energy;
           }
           const auto cell = [](int k) { return k ? "2^-" + std::to_string(k) : std::string("-"); };
-          char zs[64];
-          std::snprintf(zs, sizeof zs, "/%.3g/%.3g", e10, e12);
-          const std::string both = cell(caught) + "/" + cell(enveloped);
-          std::printf(" %26s", gpu ? (both + zs).c_str() : both.c_str());
+          char es[32];
+          std::snprintf(es, sizeof es, "/%.3g", e12);
+          const std::string all =
+              gpu ? cell(caught) + "/" + cell(sigmas) + "/" + cell(declared) + es : cell(caught);
+          std::printf(" %26s", all.c_str());
         }
         for (const std::int64_t dropped : {std::int64_t(0), keys - 1}) {
           if (keys < 2) {
@@ -417,7 +469,7 @@ int run(const std::vector<std::string>& args) {
         if (gpu) {
           const std::vector<double> seen(got.begin(), got.end());
           std::printf(" %9.3g,%6.3g,%6.3g,%8.3g", worst_ratio(seen, clean_ref, b),
-                      launch_z(seen, b), envelope_ratio(seen, b), clean_energy);
+                      launch_z(seen, b), noise_ratio(seen, b), launch_energy(seen, b));
         } else {
           std::printf(" %16.3g", worst_ratio(clean, clean_ref, b));
         }
@@ -441,6 +493,7 @@ const Command& sensitivity_command() {
   static const Command c{
       "sensitivity", "the smallest systematic decode error the bound catches, per view length",
       "usage: kvlayer sensitivity [--longest N] [--seed S] [--rows T] [--head-dim D] [--gpu]\n"
+      "                           [--save DIR | --load DIR]\n"
       "  On the reference (float64, no GPU): for each supported head dim, view length (1K, 4K,\n"
       "  16K, 64K, 128K keys, up to N) and data kind (normal; peaked: four dominant keys with\n"
       "  distinct values, at the first key, the middle, three quarters in and the last key), "
@@ -453,8 +506,10 @@ const Command& sensitivity_command() {
       "  positions instead (each row its own causal view, planted alike, one bound per row).\n"
       "  --gpu (CUDA builds): the same rows also in a CUDA layer; each plant's effect is added\n"
       "  to its decode (the GPU's own rounding stays in), the bound is the launch's, and each\n"
-      "  cell also gives the launch's energy (systematic_check.hpp) with the plant at 2^-10 and\n"
-      "  at 2^-12, in units of its clean energy.\n"
+      "  cell also gives the smallest plant the declared check catches (accuracy.hpp, noise\n"
+      "  model) and the launch's energy with the plant at 2^-12.\n"
+      "  --save DIR (with --gpu): also writes each GPU output and its accumulation shape to DIR;\n"
+      "  --load DIR (any build): replays them instead of a GPU (same --seed and options).\n"
       "  --head-dim D: that head dim only (default: every supported one).\n"
       "  Defaults: N 131072, S 1.\n",
       run};

@@ -53,19 +53,18 @@ struct DecodeBound {
   /// The distance from õ to the farthest value a convex combination of the view's V could take
   /// at the element (max(õ − min V, max V − õ)): a bound this large admits any wrong weights.
   std::vector<double> convex_reach;
-  /// Not a bound: the scale of the rounding that occurs (issue #34's envelope, report only).
-  /// The bound's terms with each worst-case sum over keys replaced by its root-sum-square,
-  /// sqrt(Σ_t (w_t·|V_te|)²) for the p and V roundings and the score errors, and the square
-  /// root of the accumulation chains; the small rigorous terms as they are. A kernel's rounding
-  /// errors per key are signed and nearly independent, so |GPU − õ| / envelope stays near 1
-  /// where the bound is hundreds of times the error; its clean maximum is measured
-  /// (SystematicCheck) before any threshold is declared.
-  std::vector<double> envelope = {};
+  /// The statistical check's model (kvlayer/accuracy.hpp, noise model (N1)–(N5); not a bound):
+  /// õ with V as the kernels multiply it (fp16 on tensor cores), the value a correct GPU
+  /// scatters around, and the RMS of that scatter. SystematicCheck tests each launch's mean of
+  /// ((GPU − expected)/sigma)² against the declared threshold.
+  std::vector<double> expected = {};
+  std::vector<double> sigma = {};
 
   /// Appends another output's elements (the rows of a verify, one after another).
   void append(const DecodeBound& o) {
     for (auto field : {&DecodeBound::bound, &DecodeBound::exact_q, &DecodeBound::max_abs_v,
-                       &DecodeBound::rounded, &DecodeBound::convex_reach, &DecodeBound::envelope})
+                       &DecodeBound::rounded, &DecodeBound::convex_reach, &DecodeBound::expected,
+                       &DecodeBound::sigma})
       (this->*field).insert((this->*field).end(), (o.*field).begin(), (o.*field).end());
   }
 };

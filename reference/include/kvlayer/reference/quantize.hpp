@@ -29,6 +29,16 @@ void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
 /// A q5_1 block's minimum m as f32 (its fp16 field, SPEC §2).
 float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in);
 
+/// The values the tensor-core kernels multiply for one q5_1 block (kvlayer/accuracy.hpp (3)):
+/// each exact d·q + m rounded once to fp16 (RNE; one fused multiply-add). Returns true when the
+/// header may send some kernel to its f32 path instead (|d| > 1024 or |m| > 32768, or a
+/// non-finite d or m): such a block's values are either these or the f32 ones.
+bool dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
+                                     std::span<double, kBlockValues> out);
+
+/// x rounded to the nearest fp16 value (ties to even; ±inf beyond fp16's range).
+double round_to_f16(double x);
+
 /// Block-type tag used by the row helpers and the CLI.
 enum class BlockType : std::uint8_t { q8_0, q5_1 };
 
