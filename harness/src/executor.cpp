@@ -6,6 +6,7 @@
 #include <bit>
 #include <chrono>
 #include <cmath>
+#include <iomanip>
 #include <sstream>
 
 #include "kvlayer/reference/quantize.hpp"
@@ -268,6 +269,7 @@ Sides::Sides(const Case& c, System* system, HangWatchdog* watchdog)
       model_(c.geometry, c.max_verify) {}
 
 HostRows Sides::rows(std::int64_t n, std::uint64_t seed, DataKind kind) const {
+  kinds_ |= 1u << unsigned(kind);
   return make_rows(geometry_, dtype_, n, seed, kind);
 }
 
@@ -666,8 +668,25 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
   const std::size_t rows = x.out->size() / (std::size_t(n_q_heads_) * std::size_t(g.head_dim_v));
   if (launch.current_energy() > stats_.worst_energy) {
     std::ostringstream s;
-    s << x.name << " of case seed " << seed_ << " (" << g.n_kv_heads << " x " << g.head_dim_k
-      << ", gqa " << n_q_heads_ / g.n_kv_heads << ", " << rows << " rows)";
+    s << std::setprecision(9) << x.name << " of case seed " << seed_ << " (" << g.n_kv_heads << " x " << g.head_dim_k
+      << ", gqa " << n_q_heads_ / g.n_kv_heads << ", " << rows << " rows, data";
+    for (unsigned k = 0; k <= unsigned(kLastDataKind); ++k)
+      if (kinds_ >> k & 1u) s << " " << data_kind_name(DataKind(k));
+    // Its element farthest from the noise model's expected value, in sigmas.
+    std::size_t at = 0;
+    double far = -1;
+    for (std::size_t i = 0; i < x.bound.sigma.size(); ++i)
+      if (x.bound.sigma[i] > 0 && std::isfinite(actual[i]) &&
+          std::fabs(actual[i] - x.bound.expected[i]) / x.bound.sigma[i] > far) {
+        far = std::fabs(actual[i] - x.bound.expected[i]) / x.bound.sigma[i];
+        at = i;
+      }
+    if (far >= 0)
+      s << "; element " << at << ": system " << actual[at] << ", expected "
+        << x.bound.expected[at] << ", sigma " << x.bound.sigma[at] << ", o~ "
+        << x.bound.rounded[at] << ", bound " << x.bound.bound[at] << ", max |V| "
+        << x.bound.max_abs_v[at];
+    s << ")";
     stats_.worst_energy = launch.current_energy();
     stats_.worst_energy_at = s.str();
   }

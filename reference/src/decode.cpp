@@ -462,6 +462,45 @@ NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
     m.variance.col(j) += (squares.col(gqa + j) - 2 * m.expected.col(j).cwiseProduct(linear.col(j)) +
                           total(j) * m.expected.col(j).cwiseAbs2())
                              .cwiseMax(0.0);
+  // Keys of (nearly) one score round alike: the same p in a frame gets the same fp16 rounding
+  // and the same score error. Within each group of keys whose x = s − max s agree to 2^-16 the
+  // terms add coherently, (Σ a)² where it exceeds Σ a² (structured data: repeated rows,
+  // integers, constant blocks; continuous data rarely pairs two keys so closely).
+  std::vector<std::pair<std::int64_t, Eigen::Index>> order(static_cast<std::size_t>(n));
+  Eigen::VectorXd sa(vm.cols()), qa(vm.cols()), sb(vm.cols()), qb(vm.cols());
+  for (Eigen::Index j = 0; j < gqa; ++j) {
+    const double top = both.top(gqa + j);
+    for (Eigen::Index t = 0; t < n; ++t) {
+      const double x = both.scores(t, gqa + j) - top;
+      order[std::size_t(t)] = {std::isfinite(x) ? std::int64_t(std::floor(std::ldexp(x, 16)))
+                                                : std::numeric_limits<std::int64_t>::min(),
+                               t};
+    }
+    std::sort(order.begin(), order.end());
+    for (std::size_t g = 0; g < order.size();) {
+      std::size_t end = g + 1;
+      while (end < order.size() && order[end].first == order[g].first) ++end;
+      if (end - g >= 2 && order[g].first != std::numeric_limits<std::int64_t>::min()) {
+        sa.setZero();
+        qa.setZero();
+        sb.setZero();
+        qb.setZero();
+        for (std::size_t k = g; k < end; ++k) {
+          const Eigen::Index t = order[k].second;
+          const auto row = vm.row(t).transpose().array();
+          const Eigen::ArrayXd a = std::sqrt(w(t, j)) * row,
+                               b = std::sqrt(w(t, gqa + j)) * (row - m.expected.col(j).array());
+          sa.array() += a;
+          qa.array() += a.square();
+          sb.array() += b;
+          qb.array() += b.square();
+        }
+        m.variance.col(j).array() += (sa.array().square() - qa.array()).cwiseMax(0.0) +
+                                     (sb.array().square() - qb.array()).cwiseMax(0.0);
+      }
+      g = end;
+    }
+  }
   // (N3) A block whose header lets some kernel take the f32 path: the other candidate's whole
   // difference, weighted as a rounding of p̂·V would be.
   if (tensor_core && bc.c.any_either)
