@@ -633,8 +633,41 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
                " although the model recorded a device error";
     return std::nullopt;
   }
-  ref::SystematicCheck launch;  // this launch alone, then into the totals
+  // The statistics' unit is an output row (a verify's row is the decode of its own view): each
+  // row alone, then into the totals.
+  const std::size_t row_values = std::size_t(n_q_heads_) * std::size_t(g.head_dim_v);
+  const std::size_t rows = x.out->size() / row_values;
+  ref::SystematicCheck launch;
+  const auto end_row = [&](std::size_t row) {
+    if (launch.current_energy() > stats_.worst_energy) {
+      std::ostringstream s;
+      s << std::setprecision(9) << x.name << " row " << row << " of " << rows << " of case seed "
+        << seed_ << " (" << g.n_kv_heads << " x " << g.head_dim_k << ", gqa "
+        << n_q_heads_ / g.n_kv_heads << ", data";
+      for (unsigned k = 0; k <= unsigned(kLastDataKind); ++k)
+        if (kinds_ >> k & 1u) s << " " << data_kind_name(DataKind(k));
+      // Its element farthest from the noise model's expected value, in sigmas.
+      std::size_t at = 0;
+      double far = -1;
+      for (std::size_t i = row * row_values; i < (row + 1) * row_values; ++i)
+        if (x.bound.sigma[i] > 0 && std::isfinite(actual[i]) &&
+            std::fabs(actual[i] - x.bound.expected[i]) / x.bound.sigma[i] > far) {
+          far = std::fabs(actual[i] - x.bound.expected[i]) / x.bound.sigma[i];
+          at = i;
+        }
+      if (far >= 0)
+        s << "; element " << at << ": system " << actual[at] << ", expected "
+          << x.bound.expected[at] << ", sigma " << x.bound.sigma[at] << ", o~ "
+          << x.bound.rounded[at] << ", bound " << x.bound.bound[at] << ", max |V| "
+          << x.bound.max_abs_v[at];
+      s << ")";
+      stats_.worst_energy = launch.current_energy();
+      stats_.worst_energy_at = s.str();
+    }
+    launch.end_launch();
+  };
   for (std::size_t i = 0; i < x.out->size(); ++i) {
+    if (i > 0 && i % row_values == 0) end_row(i / row_values - 1);
     const double want = (*x.out)[i], got = actual[i];
     // Written only for a difference: formatting every element costs more than comparing it.
     const auto element = [&] {
@@ -665,32 +698,7 @@ std::optional<std::string> Sides::check_decode(const Expectation& x,
     stats_.tightness.record(got, x.bound, i);
     launch.record(got, want, x.bound, i);
   }
-  const std::size_t rows = x.out->size() / (std::size_t(n_q_heads_) * std::size_t(g.head_dim_v));
-  if (launch.current_energy() > stats_.worst_energy) {
-    std::ostringstream s;
-    s << std::setprecision(9) << x.name << " of case seed " << seed_ << " (" << g.n_kv_heads << " x " << g.head_dim_k
-      << ", gqa " << n_q_heads_ / g.n_kv_heads << ", " << rows << " rows, data";
-    for (unsigned k = 0; k <= unsigned(kLastDataKind); ++k)
-      if (kinds_ >> k & 1u) s << " " << data_kind_name(DataKind(k));
-    // Its element farthest from the noise model's expected value, in sigmas.
-    std::size_t at = 0;
-    double far = -1;
-    for (std::size_t i = 0; i < x.bound.sigma.size(); ++i)
-      if (x.bound.sigma[i] > 0 && std::isfinite(actual[i]) &&
-          std::fabs(actual[i] - x.bound.expected[i]) / x.bound.sigma[i] > far) {
-        far = std::fabs(actual[i] - x.bound.expected[i]) / x.bound.sigma[i];
-        at = i;
-      }
-    if (far >= 0)
-      s << "; element " << at << ": system " << actual[at] << ", expected "
-        << x.bound.expected[at] << ", sigma " << x.bound.sigma[at] << ", o~ "
-        << x.bound.rounded[at] << ", bound " << x.bound.bound[at] << ", max |V| "
-        << x.bound.max_abs_v[at];
-    s << ")";
-    stats_.worst_energy = launch.current_energy();
-    stats_.worst_energy_at = s.str();
-  }
-  launch.end_launch();
+  end_row(rows - 1);
   stats_.systematic.add(launch);
   stats_
       .systematic_by_path[std::string(rows > 1 ? "verify" : "decode") + " d" +

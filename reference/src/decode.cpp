@@ -59,6 +59,10 @@ ColumnSoftmax softmax_columns(const RowsRef& k, const MatrixXd& q_columns, doubl
   return r;
 }
 
+/// The largest key tile whose V a kernel multiplies on one path (decode_mma_verify.cu's block
+/// tile at head dim 128): a wide V block sends its whole tile to the f32 path.
+constexpr std::int64_t kWideTileReach = 64;
+
 /// The keys [view.begin, view.end) of one KV head (physical row = key − view.base).
 HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
                       bool tensor_core = false) {
@@ -71,6 +75,7 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
     c.v_either.setZero(n, g.head_dim_v);
   }
   std::array<double, kBlockValues> fused{};
+  std::vector<bool> wide_rows(tensor_core ? static_cast<std::size_t>(n) : 0, false);
   // One buffer per plane for the whole view (dequantized_head would allocate per row).
   std::vector<float> k(std::size_t(g.head_dim_k)), v(std::size_t(g.head_dim_v));
   for (std::int64_t t = 0; t < n; ++t) {
@@ -88,16 +93,44 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
         c.v_dequant_mag(t, b + j) = std::fabs(x - m) + std::fabs(m);
       }
       if (!tensor_core) continue;
-      const bool either = dequantize_q5_1_block_fused_f16(
+      const bool wide = dequantize_q5_1_block_fused_f16(
           std::span<const std::uint8_t, kQ5_1BlockBytes>(
               v_bytes.data() + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes),
           fused);
-      for (int j = 0; j < kBlockValues; ++j) {
-        const double x = c.v(t, b + j);
-        c.v_fused(t, b + j) = either ? x : fused[std::size_t(j)];
-        if (either && std::isfinite(x) && std::isfinite(fused[std::size_t(j)])) {
-          c.v_either(t, b + j) = std::fabs(fused[std::size_t(j)] - x);
-          c.any_either = c.any_either || c.v_either(t, b + j) != 0;
+      for (int j = 0; j < kBlockValues; ++j) c.v_fused(t, b + j) = fused[std::size_t(j)];
+      wide_rows[std::size_t(t)] = wide_rows[std::size_t(t)] || wide;
+    }
+  }
+  if (tensor_core) {
+    // A kernel multiplies a whole key tile's V in f32 when one of its blocks has a wide (or
+    // non-finite) header: every key within a tile's reach of such a key may get either value.
+    // The rows next to the view count too: a tile may straddle its ends (their keys masked).
+    const std::int64_t reach = kWideTileReach - 1;
+    std::vector<std::int64_t> before(static_cast<std::size_t>(n + 2 * reach) + 1, 0);
+    for (std::int64_t t = -reach; t < n + reach; ++t) {
+      bool wide = false;
+      const std::int64_t phys = view.begin + t - view.base;
+      if (t >= 0 && t < n) {
+        wide = wide_rows[std::size_t(t)];
+      } else if (phys >= 0 && phys < g.rows()) {
+        const std::span<const std::uint8_t> bytes = layer.head_bytes(Plane::v, phys, kv_head);
+        for (int b = 0; b < g.head_dim_v / kBlockValues && !wide; ++b)
+          wide = dequantize_q5_1_block_fused_f16(
+              std::span<const std::uint8_t, kQ5_1BlockBytes>(bytes.data() + b * kQ5_1BlockBytes,
+                                                             kQ5_1BlockBytes),
+              fused);
+      }
+      before[std::size_t(t + reach) + 1] = before[std::size_t(t + reach)] + (wide ? 1 : 0);
+    }
+    for (std::int64_t t = 0; t < n; ++t) {
+      // Keys [t − reach, t + reach] are entries [t, t + 2·reach] of `before`'s steps.
+      if (before[std::size_t(t + 2 * reach) + 1] == before[std::size_t(t)]) continue;
+      for (int e = 0; e < g.head_dim_v; ++e) {
+        const double x = c.v(t, e), f = c.v_fused(t, e);
+        c.v_fused(t, e) = x;
+        if (std::isfinite(x) && std::isfinite(f) && f != x) {
+          c.v_either(t, e) = std::fabs(f - x);
+          c.any_either = true;
         }
       }
     }
@@ -430,8 +463,9 @@ struct NoiseModel {
 };
 
 NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
-                       const ColumnSoftmax& both, const Eigen::Ref<const MatrixXd>& high,
-                       const MatrixXd& delta, std::int64_t frame_keys) {
+                       const ColumnSoftmax& both, const Eigen::Ref<const MatrixXd>& high_underflow,
+                       const MatrixXd& delta, const MatrixXd& delta_rms,
+                       std::int64_t frame_keys) {
   const double u16 = std::ldexp(1.0, -11);
   const Eigen::Index gqa = delta.cols();
   const bool tensor_core = bc.c.v_fused.size() > 0;
@@ -439,15 +473,20 @@ NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
   const auto p = both.p.rightCols(gqa);
   NoiseModel m;
   m.expected = vm.transpose() * p;
-  // Per key: (N1) p's fp16 rounding, u16²/3 of (p̂·V)², none for a frame's maximum; (N2) the
-  // score error, (p̂·δ)²/3 of (V − expected)² (the row sum sees it too, hence the centring).
+  const auto high = high_underflow.leftCols(gqa), underflow = high_underflow.rightCols(gqa);
+  // Per key: (N1) p's fp16 rounding, (u16²·p̂² + 2^-50 where p may be subnormal)/3 of V², none
+  // for a frame's maximum; (N2) the score error, (p̂·δ_rms)² of (V − expected)² (the row sum
+  // sees it too, hence the centring).
   MatrixXd w(n, 2 * gqa);
   for (Eigen::Index j = 0; j < gqa; ++j) {
     const Eigen::VectorXd x = both.scores.col(gqa + j);
     const auto exact = frame_maxima(x, delta.col(j), frame_keys);
     const Eigen::ArrayXd h2 = high.col(j).array().square();
-    w.col(j) = (exact.select(0.0, h2 * (u16 * u16 / 3))).matrix();
-    w.col(gqa + j) = (h2 * delta.col(j).array().square() / 3).matrix();
+    w.col(j) = (exact.select(0.0, (h2 * (u16 * u16) +
+                                   underflow.col(j).array() * std::ldexp(1.0, -50)) /
+                                      3))
+                   .matrix();
+    w.col(gqa + j) = (h2 * delta_rms.col(j).array().square()).matrix();
   }
   MatrixXd squares = MatrixXd::Zero(vm.cols(), 2 * gqa);
   for (Eigen::Index c = 0; c < n; c += 4096) {  // |V|² of a long view: chunks, no plane
@@ -531,6 +570,9 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
   const double gamma = 2.0 * (kMmaK + 2) * u32;
   // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)).
   const double dot = shape.tensor_core ? 2 * gamma + (D / kBlockValues + 4) * u32 : (D + 4) * u32;
+  const double dot_rms = shape.tensor_core
+                             ? gamma / 2 + std::sqrt((D / kBlockValues + 4) / 3) * u32
+                             : std::sqrt((D + 4) / 3) * u32;
   const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
   // PV, and separately the row sums (each within this): the sequential chain (f32 adds, or γ
   // per chained mma, which also covers the row sum's shorter f32 chain), the rescales and the
@@ -574,12 +616,15 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
         std::fabs(s) * (abs_k * q_both.rightCols(gqa).cwiseAbs());  // [keys × gqa]
     // [keys × gqa] each: p̂'s deviation, its largest value, and 1 where the GPU's p may fall
     // below fp16's normal range.
-    MatrixXd deviation_high(n, 3 * gqa), delta_all(n, gqa);
+    MatrixXd deviation_high(n, 3 * gqa), delta_all(n, gqa), delta_rms(n, gqa);
     for (int j = 0; j < gqa; ++j) {
       const Eigen::VectorXd x = both.scores.col(gqa + j).array() - both.top(gqa + j);
       const Eigen::VectorXd delta =
           magnitude.col(j) * dot + (8 * u32 * (1.0 + x.array().abs())).matrix();
       delta_all.col(j) = delta;
+      // (N2)'s RMS score error: the mma truncations at a quarter of γ each (uniform below their
+      // worst case, not zero-mean), the f32 roundings at their root-sum-square.
+      delta_rms.col(j) = magnitude.col(j) * dot_rms + (2 * u32 * (1.0 + x.array().abs())).matrix();
       Eigen::VectorXd lo, hi;
       probability_range(x, delta, lo, hi);
       const auto p = both.p.col(gqa + j);
@@ -601,8 +646,9 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     const MatrixXd terms = abs_v.transpose() * deviation_high;
     const auto term_perturbation = terms.leftCols(gqa), term_v = terms.middleCols(gqa, gqa),
                term_underflow = terms.rightCols(gqa);
-    const NoiseModel noise = noise_model(bc, first, n, both, deviation_high.middleCols(gqa, gqa),
-                                         delta_all, shape.max_keys_per_split);
+    const NoiseModel noise =
+        noise_model(bc, first, n, both, deviation_high.middleCols(gqa, 2 * gqa), delta_all,
+                    delta_rms, shape.max_keys_per_split);
     const MatrixXd term_dequant = bc.c.v_dequant_mag.middleRows(first, n).transpose() * high;
     const MatrixXd term_subnormal =
         bc.any_subnormal ? MatrixXd(bc.v_subnormal.middleRows(first, n).transpose() * high)
@@ -640,7 +686,7 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
         // (N4): the chains' rounding at their root-sum-square, on Σ p̂·|V|; (N5) the small
         // terms at their worst case.
         const double chains = 2 * accumulation_rms * (1 + 2 * u16) * term_v(e, j);
-        r.sigma[i] = std::sqrt(noise.variance(e, j) + chains * chains + small * small);
+        r.sigma[i] = std::sqrt(noise.variance(e, j) + chains * chains);
       }
     }
   });
