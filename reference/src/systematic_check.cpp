@@ -243,8 +243,8 @@ std::string SystematicCheck::summary(const std::string& path) const {
   };
   char buf[640];
   std::snprintf(buf, sizeof buf,
-                "systematic check%s (report only): %lld launches of >= %lld elements (%lld "
-                "elements, %lld smaller launches left out); |z| along o~ p50 %.3g p99 %.3g max "
+                "systematic check%s: %lld launches of >= %lld elements (%lld elements, %lld "
+                "smaller launches left out); |z| (report only) along o~ p50 %.3g p99 %.3g max "
                 "%.3g (%lld >= %g), along 1 p50 %.3g p99 %.3g max %.3g (%lld >= %g)",
                 path.empty() ? "" : (" [" + path + "]").c_str(), static_cast<long long>(launches_),
                 static_cast<long long>(kMinElements), static_cast<long long>(elements_),

@@ -143,59 +143,75 @@ TEST(SystematicCheck, TheStatisticResolutionMatchesAScanOfPlantedErrors) {
   EXPECT_GE(z_at(-closed * (1 + 1e-9)), SystematicCheck::kReportZ - 1e-6);
 }
 
-/// The envelope's counts and resolution: an element 3 envelopes off along õ = 2 counts at
-/// level 2 only; 8 envelopes are reached by β = 5e/2 its way, (8 + 3)e/2 the other (the worse).
-TEST(SystematicCheck, TheEnvelopeCountsRatiosAndItsResolution) {
+/// The noise model's counts and resolution: an element 3 sigma off along expected = 2 counts at
+/// level 2 only; 8 sigma are reached by β = 5e/2 its way, (8 + 3)e/2 the other (the worse).
+TEST(SystematicCheck, TheNoiseModelCountsRatiosAndItsResolution) {
   SystematicCheck c;
   const double e = std::ldexp(1.0, -20);
   DecodeBound b{{1.0}, {0.0}, {1.0}, {2.0}, {1.0}};
-  b.envelope = {e};
+  b.expected = {2.0};
+  b.sigma = {e};
   c.record(2.0 + 3 * e, 2.0, b, 0);
   EXPECT_DOUBLE_EQ(c.max_noise_ratio(), 3.0);
   EXPECT_EQ(c.noise_count(0), 1);
   EXPECT_EQ(c.noise_count(1), 0);
   EXPECT_DOUBLE_EQ(c.current_noise_resolution(), 11 * e / 2);
-  // Without an envelope an element counts nowhere.
+  // Without a sigma an element counts nowhere.
   c.record(2.5, 2.0, DecodeBound{{1.0}, {0.0}, {1.0}, {2.0}, {1.0}}, 0);
   EXPECT_EQ(c.noise_elements(), 1);
   EXPECT_DOUBLE_EQ(c.max_noise_ratio(), 3.0);
 }
 
-/// The energy: the mean of (r/envelope)² over a launch, and the relative error β along õ that
-/// raises it to 4× (both signs: the one that first lowers it, the worse, is reported); a
-/// planted β below every element's envelope still lifts it far above its clean level.
-TEST(SystematicCheck, TheEnergyAveragesTheLaunchAndItsResolutionQuadruplesIt) {
+/// The declared check: the energy is the mean of ((got − expected)/sigma)² over a launch (an
+/// output row); the relative error β along expected that takes it to the threshold (both
+/// signs: the one that first lowers it, the worse, is reported); a launch at the threshold is
+/// an alarm, one just below it is not.
+TEST(SystematicCheck, TheEnergyAveragesTheLaunchAndAlarmsAtTheThreshold) {
   Rng rng(fresh_seed());
-  SystematicCheck c;
-  std::vector<double> o(256), d(256), env(256);
+  const double tau = SystematicCheck::kNoiseThreshold;
+  std::vector<double> o(256), d(256), sg(256);
   for (std::size_t e = 0; e < o.size(); ++e) {
     o[e] = rng.uniform() * 2 - 1;
-    env[e] = std::ldexp(std::fabs(o[e]) + 0x1p-10, -12);
-    d[e] = env[e] * (rng.uniform() - 0.5) / 4;  // clean: an eighth of an envelope at most
+    sg[e] = std::ldexp(std::fabs(o[e]) + 0x1p-10, -12);
+    d[e] = sg[e] * (rng.uniform() - 0.5) / 4;  // clean: an eighth of a sigma at most
   }
   const auto energy_at = [&](double beta) {
     double sum = 0;
-    for (std::size_t e = 0; e < o.size(); ++e) sum += std::pow((d[e] + beta * o[e]) / env[e], 2);
+    for (std::size_t e = 0; e < o.size(); ++e) sum += std::pow((d[e] + beta * o[e]) / sg[e], 2);
     return sum / double(o.size());
   };
-  for (std::size_t e = 0; e < o.size(); ++e) {
-    DecodeBound b{{1.0}, {0.0}, {1.0}, {o[e]}, {1.0}};
-    b.envelope = {env[e]};
-    c.record(o[e] + d[e], o[e], b, 0);
-  }
+  const auto launch = [&](SystematicCheck& c, double beta) {
+    for (std::size_t e = 0; e < o.size(); ++e) {
+      DecodeBound b{{1.0}, {0.0}, {1.0}, {o[e]}, {1.0}};
+      b.expected = {o[e]};
+      b.sigma = {sg[e]};
+      c.record(o[e] + d[e] + beta * o[e], o[e], b, 0);
+    }
+  };
+  SystematicCheck c;
+  launch(c, 0);
   EXPECT_NEAR(c.current_energy(), energy_at(0), 1e-12 * energy_at(0));
   EXPECT_LT(c.current_energy(), 1.0 / 64);
   const double beta = c.current_energy_resolution();
   ASSERT_TRUE(std::isfinite(beta) && beta > 0);
-  const double worse = std::min(energy_at(beta), energy_at(-beta));
-  EXPECT_NEAR(worse, 4 * energy_at(0), 1e-9 * energy_at(0));
-  EXPECT_GE(std::max(energy_at(beta), energy_at(-beta)), 4 * energy_at(0));
-  // Below one envelope per element (2^-12 relative at most), the energy is already 4×.
-  EXPECT_LT(beta, 0x1p-13);
+  EXPECT_NEAR(std::min(energy_at(beta), energy_at(-beta)), tau, 1e-9 * tau);
+  EXPECT_GE(std::max(energy_at(beta), energy_at(-beta)), tau);
+  // About four sigma per element (2^-12 of the output at most): β below 2^-9 reaches it.
+  EXPECT_LT(beta, 0x1p-9);
   c.end_launch();
-  EXPECT_GT(c.energy(0.5), 0.0);
-  EXPECT_LE(c.max_energy(), c.energy(0.5));  // one launch: its energy's bin holds the max
-  EXPECT_NE(c.summary().find("; energy per launch p50 2^"), std::string::npos) << c.summary();
+  EXPECT_EQ(c.noise_alarms(), 0);
+  // The same launch planted just below and at the worse sign's β: no alarm, then one.
+  const double down = energy_at(beta) < energy_at(-beta) ? beta : -beta;
+  launch(c, down * (1 - 1e-6));
+  EXPECT_LT(c.current_energy(), tau);
+  c.end_launch();
+  launch(c, down * (1 + 1e-6));
+  EXPECT_GE(c.current_energy(), tau);
+  c.end_launch();
+  EXPECT_EQ(c.noise_alarms(), 1);
+  EXPECT_GE(c.max_energy(), tau);
+  EXPECT_NE(c.summary().find("1 of 3 launches >= 16 (alarms)"), std::string::npos)
+      << c.summary();
 }
 
 TEST(SystematicCheck, TheSummaryReportsBothResolutions) {
@@ -213,8 +229,7 @@ TEST(SystematicCheck, TheSummaryReportsBothResolutions) {
   EXPECT_LE(c.bound_resolution(0.5), 0x1p-8);
   EXPECT_GE(c.bound_resolution(0.5), 0x1p-9);
   EXPECT_LT(c.statistic_resolution(0.5), c.bound_resolution(0.5)) << c.summary();
-  EXPECT_EQ(c.summary("verify d128").rfind("systematic check [verify d128] (report only): ", 0),
-            0u)
+  EXPECT_EQ(c.summary("verify d128").rfind("systematic check [verify d128]: ", 0), 0u)
       << c.summary("verify d128");
   EXPECT_NE(c.summary().find("smallest relative output error caught per launch: bound p50 2^"),
             std::string::npos)

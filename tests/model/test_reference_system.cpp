@@ -282,6 +282,19 @@ struct PerturbsADecodeElement : ReferenceSystem {
   }
 };
 
+/// Every decode's output 2^-12 too large: below the bound's resolution (about 2^-10 of the
+/// output), so only the declared statistical check can see it.
+struct ScalesEveryDecodeSlightly : ReferenceSystem {
+  using ReferenceSystem::ReferenceSystem;
+  std::vector<float> decode(DecodeVariant v, std::span<const float> q,
+                            std::optional<float> scale) override {
+    std::vector<float> out = ReferenceSystem::decode(v, q, scale);
+    if (!all_poison(out))
+      for (float& x : out) x *= 1 + 0x1p-12f;
+    return out;
+  }
+};
+
 /// A verify decode's last element left poisoned.
 struct LeavesAVerifyElementPoisoned : ReferenceSystem {
   using ReferenceSystem::ReferenceSystem;
@@ -540,6 +553,8 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
   };
   const std::vector<Wrong> wrongs = {
       {"a decode element off by 1e-3", make<PerturbsADecodeElement>(), "exceeds the derived bound"},
+      {"every decode 2^-12 too large", make<ScalesEveryDecodeSlightly>(),
+       "the declared statistical check"},
       {"a verify element left poisoned", make<LeavesAVerifyElementPoisoned>(), "(not finite)"},
       {"written despite a device error", make<WritesDespiteADeviceError>(),
        "although the model recorded a device error"},

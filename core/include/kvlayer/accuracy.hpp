@@ -26,6 +26,35 @@
 //      accumulator: ≤ γ(2Σ₁ + Σ₂) ≤ 2γ·Σ_block|q̃·K|. A PV accumulator chained over c mma
 //      steps (each |C| ≤ the sum of all earlier addends) errs by ≤ γ·c·Σ_t|p̃16_t·Ṽ_te|.
 //
+// Noise model of the declared statistical check (issue #34; the reference computes it as
+// DecodeBound::expected and ::sigma, ref::SystematicCheck applies it). Not a bound: where the
+// bound takes every rounding at its worst and aligned, a correct GPU's error scatters around
+// a value the declared roundings fix, by roundings that are independent and spread within
+// their worst case (RMS = worst/√3 for a round-to-nearest):
+//  (N0) expected: the float64 decode of q̃ with V as (3) has the tensor-core kernels multiply
+//       it, d·q + m fused to fp16 (the CUDA-core kernel: the f32 value). A key tile holding a V
+//       block whose header may take the f32 path (|d| > 1024, |m| > 32768 or not finite) is
+//       multiplied in f32: every key within 64 positions of such a block keeps its f32 value
+//       in expected and puts the fp16 candidate's whole difference into (N3).
+//  (N1) p to fp16 (3): (u16²·p̂_t² + 2^-50 where p may be subnormal)/3 of V_te² per key, none
+//       for a key that is the maximum of its accumulator's frame (p = exp2f(0) = 1 exactly): a
+//       key whose score exceeds every other within max_keys_per_split − 1 positions (a frame
+//       lies in one split) by more than both scores' worst-case errors.
+//  (N2) score errors (1), (2), (5): per key an RMS δ_t = scale·Σ_d|q̃_d·K_td|·c + 2·u32·(1 +
+//       |s_t − max s|), c = γ/2 + √((D/32 + 4)/3)·u32 on tensor cores (each mma's truncations
+//       at a quarter of γ: below their worst case but one-signed), √((D + 4)/3)·u32 on CUDA
+//       cores; it acts as Σ_t p̂_t·ε_t·(V_te − expected_e) (the row sum sees it as well).
+//  (N1) and (N2) add coherently, (Σ a)² where that exceeds Σ a², within each group of keys
+//       whose s − max s agree to 2^-16 (the same p rounds alike: repeated rows, integers).
+//  (N3) the f32 and fp16 candidates of (N0)'s keys: their whole difference, weighted by p̂².
+//  (N4) the accumulation chains (3)–(5): the bound's term with each chain's length and the
+//       rescale and merge count replaced by their square roots, on Σ_t p̂_t·|V_te|.
+// σ² is the sum of (N1)–(N4). The check's unit is an output row (a decode, or one row of a
+// verify): its energy E = mean over the row's elements of ((GPU − expected)/σ)², about 1 or
+// less for a correct GPU, fails at E ≥ 16 (ref::SystematicCheck::kNoiseThreshold). Measured
+// clean on an H100 before it was declared (bench/NOTES.md, session 25): 152,787 rows of a
+// campaign, 3.66·10^8 elements, no row at 16, the largest E 2.7.
+//
 #pragma once
 
 #include <cmath>

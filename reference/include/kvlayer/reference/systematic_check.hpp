@@ -1,39 +1,21 @@
-// The statistical check of issue #34, in report-only form until its false-alarm rate has been
-// measured on clean GPU runs (bench/NOTES.md): where the rigorous bound (accuracy.hpp) cannot
-// resolve a small systematic error, the residuals of a whole launch can.
+// The statistical checks of issue #34 over a stream of decode output rows (a decode, or one row
+// of a verify: each is the decode of its own view). Where the rigorous bound (accuracy.hpp)
+// cannot resolve a small systematic error, the residuals of a whole row can.
 //
-// Error model. A launch's residuals r_e = got_e − õ_e (õ: the float64 decode of fp16(q), the
-// bound's `rounded`) are, for a correct kernel, rounding noise: per element of mean ~0 and
-// independent enough across the launch's elements that no fixed direction collects them. A
-// systematic error adds β·σ_e along a signature σ the bug determines:
-//   - σ = õ (the output itself): a relative error in the V scale, the P·V sum, the row sum or
-//     every split's weight alike (got = (1 + β)·õ);
-//   - σ = 1 (a constant): an additive offset (a misapplied q5_1 minimum, a bias).
-// Per launch and signature the statistic is the heteroscedasticity-robust z of the weighted
-// regression of r on σ through the origin, z = Σ w_e·r_e·σ_e / sqrt(Σ w_e²·r_e²·σ_e²), with
-// w_e = 1/a_e for a noise scale a_e the caller knows (the harness passes the bound's rounding
-// allowance, bound − e_q): each element enters as its residual in units of its own scale.
-// Each element's own residual stands in for its variance, so under the null z is ~N(0, 1)
-// whatever the weights and each element's rounding magnitude, and a systematic β grows it like
-// β·sqrt(elements). (1/a² weights, optimal were the noise exactly proportional to a, let the
-// few elements of tiny a dominate both sums, which caps z near the root of their number; unit
-// weights let the noisiest elements hide an offset: measured on synthetic launches.)
-// Measured against clean runs, that independence does not hold, and nothing fails on the
-// statistic. The declared rounding gives each output row its own relative error along õ: point
-// (3) rounds p to fp16 for P·V, while the row sum takes the f32 p. Structured data line a
-// deterministic rounding up with õ as well. A clean H100 campaign reached |z| 243 (5·10^8
-// elements; bench/NOTES.md, session 18). The report stays: it shows that distribution per
-// kernel path.
+// The declared check (kvlayer/accuracy.hpp, noise model (N0)–(N4)): each element's residual
+// from DecodeBound::expected in units of its DecodeBound::sigma; per row the energy
+// E = mean(((GPU − expected)/sigma)²), near or below 1 for a correct GPU, an alarm at
+// kNoiseThreshold (the harness fails the case). A systematic error β·expected adds
+// β²·mean((expected/sigma)²) to E whatever its sign. Reported: E's distribution, the alarms,
+// the largest per-element ratio, and per row the β that would have taken E to the threshold.
 //
-// Resolution per launch (issue #34: what a run would have caught, not only pass or fail): the
-// smallest relative output error β (got → got + β·õ, the worse of its two signs) that would
-// have failed the launch's bound somewhere, and the smallest that would have reached |z| ≥ 5
-// along õ (closed form: z(β)² = (A + βB)² / (C + 2βD + β²E) from five sums of the launch).
-// The declared check (kvlayer/accuracy.hpp, noise model (N0)–(N5)): each element's residual
-// from DecodeBound::expected in units of its DecodeBound::sigma; per launch the energy
-// E = mean(((GPU − expected)/sigma)²), a correct GPU's E near or below 1, an alarm at
-// kNoiseThreshold; a systematic error β·expected adds β²·mean((expected/sigma)²) whatever its
-// sign. Also the largest per-element ratio and the β that takes E to the threshold.
+// Report only, from earlier sessions: the heteroscedasticity-robust z of the regression of the
+// residual from õ on a signature (σ = õ: a relative error; σ = 1: an offset), z = Σ w·r·σ /
+// sqrt(Σ w²·r²·σ²) with w = 1/a for the bound's rounding allowance a. Clean runs reach |z| in
+// the hundreds (p's fp16 rounding gives each row its own relative error along õ; bench/NOTES.md,
+// session 18), so nothing fails on it. Resolution per row: the smallest relative output error
+// β (got → got + β·õ, the worse sign) that would have failed the bound somewhere, and the
+// smallest that would have reached |z| ≥ 5 (closed form from five sums of the row).
 #pragma once
 
 #include <array>
@@ -111,13 +93,14 @@ class SystematicCheck {
   double max_energy() const { return max_energy_; }
   /// Launches whose energy reached kNoiseThreshold.
   std::int64_t noise_alarms() const { return noise_alarms_; }
-  /// "systematic check (report only): L launches of >= 64 elements (E elements, S smaller
-  /// launches left out); |z| along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5);
+  /// "systematic check: L launches of >= 64 elements (E elements, S smaller launches left
+  /// out); |z| (report only) along o~ p50 A p99 B max C (N >= 5), along 1 p50 … max … (N >= 5);
   /// smallest relative output error caught per launch: bound p50 … p90 …, statistic p50 … p90 …;
-  /// envelope: max |GPU − õ|/envelope …, elements ≥ 2: …, ≥ 4: …, ≥ 8: … of E; 8 envelopes
-  /// reached per launch by a relative error of p50 … p90 …; energy per launch p50 … p99 … max
-  /// …, 4x reached by p50 … p90 …"
-  /// With a kernel path ("verify d128"), the line names it: "systematic check [verify d128] …".
+  /// noise model: max |GPU - expected|/sigma …, elements >= 2: …, >= 4: …, >= 8: … of E; 8
+  /// sigma reached per launch by p50 … p90 …; declared check: energy per launch p50 … p99 …
+  /// max …, A of L launches >= 16 (alarms); the threshold reached by p50 … p90 …" (a launch:
+  /// one output row). With a kernel path ("verify d128") the line names it: "systematic check
+  /// [verify d128] …".
   std::string summary(const std::string& path = "") const;
 
  private:

@@ -1,0 +1,202 @@
+// The declared statistical check's noise model (kvlayer/accuracy.hpp (N0)–(N4)):
+// DecodeBound::expected and ::sigma from ref::decode_bound, each term on a case built to isolate
+// it, and the q5_1 values the tensor-core kernels multiply.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kvlayer/half.hpp"
+#include "kvlayer/reference/accuracy.hpp"
+#include "kvlayer/reference/quantize.hpp"
+#include "testbed.hpp"
+
+namespace kvlayer::testing {
+namespace {
+
+const double u16 = std::ldexp(1.0, -11);
+
+/// A tensor-core launch shape: one split of `keys` keys.
+AccumulationShape tensor_core_shape(std::int64_t keys) {
+  return AccumulationShape{keys, 1, (keys + 15) / 16 + 1, true, (keys + 63) / 64};
+}
+
+/// The fused fp16 values of one stored V row (KV head 0), as the kernels multiply them.
+std::vector<double> fused_row(const KvLayer& l, std::int64_t row, int head_dim) {
+  std::vector<double> out(static_cast<std::size_t>(head_dim));
+  const auto bytes = l.head_bytes(Plane::v, row, 0);
+  for (int b = 0; b < head_dim / kBlockValues; ++b)
+    kvlayer::ref::dequantize_q5_1_block_fused_f16(
+        std::span<const std::uint8_t, kQ5_1BlockBytes>(bytes.data() + b * kQ5_1BlockBytes,
+                                                       kQ5_1BlockBytes),
+        std::span<double, kBlockValues>(out.data() + b * kBlockValues, kBlockValues));
+  return out;
+}
+
+TEST(RoundToF16, MatchesTheF32ConversionAndRoundsTiesToEven) {
+  Rng rng(fresh_seed());
+  for (int i = 0; i < 100000; ++i) {
+    const float x = float(std::ldexp(rng.normal(), int(rng.uniform() * 44) - 28));
+    ASSERT_EQ(kvlayer::ref::round_to_f16(x), double(f16_bits_to_f32(f32_to_f16_bits(x)))) << x;
+  }
+  EXPECT_EQ(kvlayer::ref::round_to_f16(1 + std::ldexp(1.0, -11)), 1.0);  // tie: to even
+  EXPECT_EQ(kvlayer::ref::round_to_f16(1 + 3 * std::ldexp(1.0, -11)), 1 + std::ldexp(1.0, -9));
+  // A double just above a tie rounds up (f32 first would have rounded it to the tie).
+  EXPECT_EQ(kvlayer::ref::round_to_f16(1 + std::ldexp(1.0, -11) + std::ldexp(1.0, -40)),
+            1 + std::ldexp(1.0, -10));
+  EXPECT_EQ(kvlayer::ref::round_to_f16(std::ldexp(3.0, -26)), std::ldexp(1.0, -24));  // subnormal
+  EXPECT_EQ(kvlayer::ref::round_to_f16(65519.0), 65504.0);
+  EXPECT_EQ(kvlayer::ref::round_to_f16(-65520.0), -INFINITY);
+}
+
+TEST(NoiseModel, SigmaIsBelowTheBoundAndFarBelowItAtALongView) {
+  // The model takes each rounding at its RMS, independent, where the bound takes it at its worst
+  // and aligned: never above the bound's allowance, and at 4096 keys of N(0, 1) data a small
+  // fraction of it, as sqrt(keys) predicts.
+  const Geometry g = flat_geometry(1, 64, 64, 4096);
+  KvLayer l(g);
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  std::vector<float> k(std::size_t(4096 * g.kv_dim_k())), v(std::size_t(4096 * g.kv_dim_v()));
+  for (float& x : k) x = float(rng.normal());
+  for (float& x : v) x = float(rng.normal());
+  l.append(encode_rows(std::move(k), std::move(v), 4096, DType::f32).f32_view());
+  const auto q = random_query(g, 2, rng);
+  for (const bool tensor_core : {true, false}) {
+    const AccumulationShape shape{256, 16, 17, tensor_core, tensor_core ? 4 : 0};
+    const auto b = kvlayer::ref::decode_bound(l, q, 2, std::nullopt, {0, 4096, 0}, shape);
+    ASSERT_EQ(b.sigma.size(), b.bound.size());
+    ASSERT_EQ(b.expected.size(), b.bound.size());
+    double widest = 0;
+    for (std::size_t i = 0; i < b.bound.size(); ++i) {
+      ASSERT_GT(b.sigma[i], 0.0) << i;
+      widest = std::max(widest, b.sigma[i] / (b.bound[i] - b.exact_q[i]));
+    }
+    EXPECT_LT(widest, 1.0 / 8) << "tensor_core " << tensor_core;
+  }
+}
+
+TEST(NoiseModel, ExpectedMultipliesTheValuesTheKernelsMultiply) {
+  // One key: p = 1, so expected is that key's V as the path multiplies it (N0): fused to fp16
+  // on tensor cores, the f32 dequantization on CUDA cores.
+  const Geometry g = flat_geometry(1, 64, 64, 4);
+  KvLayer l(g);
+  Rng rng(fresh_seed());
+  l.append(random_rows(g, 1, rng).f32_view());
+  const auto q = random_query(g, 1, rng);
+  const auto f32 = l.dequantized_row(Plane::v, 0);
+  const auto fused = fused_row(l, 0, 64);
+  const auto tc = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 1, 0}, tensor_core_shape(1));
+  AccumulationShape cc;
+  const auto cuda_core = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 1, 0}, cc);
+  int differ = 0;
+  for (int e = 0; e < 64; ++e) {
+    EXPECT_EQ(tc.expected[std::size_t(e)], fused[std::size_t(e)]) << e;
+    EXPECT_EQ(cuda_core.expected[std::size_t(e)], double(f32[std::size_t(e)])) << e;
+    differ += fused[std::size_t(e)] != double(f32[std::size_t(e)]);
+  }
+  EXPECT_GT(differ, 0) << "no value changed by its fp16 rounding: the case proves nothing";
+}
+
+TEST(NoiseModel, AKeyAtTheTopOfItsFrameIsNotRounded) {
+  // Two keys scoring 4 and 3 (along one unit direction u, q = √D·u): in frames of one key each
+  // both p are e^0 = 1, exact; in one frame the second key's p = e^-1 is rounded to fp16, and
+  // (N1) adds exactly u16²/3·p̂²·V² for it.
+  const int D = 64;
+  const Geometry g = flat_geometry(1, D, D, 4);
+  KvLayer l(g);
+  Rng rng(fresh_seed());
+  std::vector<double> u(D);
+  double norm = 0;
+  for (double& x : u) {
+    x = rng.normal();
+    norm += x * x;
+  }
+  HostRows r = random_rows(g, 2, rng);
+  std::vector<float> q(D);
+  for (int d = 0; d < D; ++d) {
+    u[std::size_t(d)] /= std::sqrt(norm);
+    r.k[std::size_t(d)] = float(4 * u[std::size_t(d)]);
+    r.k[std::size_t(D + d)] = float(3 * u[std::size_t(d)]);
+    q[std::size_t(d)] = float(std::sqrt(double(D)) * u[std::size_t(d)]);
+  }
+  l.append(r.f32_view());
+  const auto apart = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(1));
+  const auto together =
+      kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(2));
+  const auto v1 = fused_row(l, 1, D);
+  // p of the second key from the stored (quantized) keys and fp16(q): near e^-1 / (1 + e^-1).
+  double s[2] = {0, 0};
+  for (int t = 0; t < 2; ++t) {
+    const auto k = l.dequantized_row(Plane::k, t);
+    for (int d = 0; d < D; ++d)
+      s[t] += double(k[std::size_t(d)]) * f16_bits_to_f32(f32_to_f16_bits(q[std::size_t(d)]));
+  }
+  const double p1 = 1 / (1 + std::exp((s[0] - s[1]) / std::sqrt(double(D))));
+  double added = 0, predicted = 0;
+  for (int e = 0; e < D; ++e) {
+    added += std::pow(together.sigma[std::size_t(e)], 2) - std::pow(apart.sigma[std::size_t(e)], 2);
+    predicted += u16 * u16 / 3 * std::pow(p1 * v1[std::size_t(e)], 2);
+  }
+  EXPECT_NEAR(added, predicted, 0.01 * predicted);
+  // Apart, both p exact: what is left (score errors, chains) is far below that one rounding.
+  double left = 0;
+  for (int e = 0; e < D; ++e) left += std::pow(apart.sigma[std::size_t(e)], 2);
+  EXPECT_LT(left, predicted / 100);
+}
+
+TEST(NoiseModel, KeysOfOneScoreRoundTogether) {
+  // 64 copies of one row: one p, one fp16 rounding, so (N1) adds up coherently to u16/√3 of
+  // |Σ p·V| = |V|, not |V|/8 as 64 independent roundings would.
+  const int D = 64, n = 64;
+  const Geometry g = flat_geometry(1, D, D, n);
+  KvLayer l(g);
+  Rng rng(fresh_seed());
+  HostRows r = random_rows(g, n, rng);
+  for (int t = 1; t < n; ++t) {
+    std::copy(r.k.begin(), r.k.begin() + D, r.k.begin() + t * D);
+    std::copy(r.v.begin(), r.v.begin() + D, r.v.begin() + t * D);
+  }
+  l.append(r.f32_view());
+  const auto q = random_query(g, 1, rng);
+  const auto b = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, n, 0}, tensor_core_shape(n));
+  const auto v = fused_row(l, 0, D);
+  for (int e = 0; e < D; ++e)
+    EXPECT_GE(b.sigma[std::size_t(e)], (1 - 1e-9) * u16 / std::sqrt(3.0) * std::fabs(v[std::size_t(e)]))
+        << e;
+}
+
+TEST(NoiseModel, AWideBlockSendsItsKeysNeighboursToTheF32Path) {
+  // A V block with |m| > 32768 takes its key tile to the f32 path (N0): every key within 64
+  // positions keeps its f32 value in expected, the fp16 candidate's difference in sigma (N3).
+  const int D = 64;
+  const Geometry g = flat_geometry(1, D, D, 200);
+  Rng rng(fresh_seed());
+  HostRows r = random_rows(g, 200, rng);
+  for (int d = 0; d < 32; ++d) r.v[std::size_t(100 * D + d)] = float(40000 + 100 * rng.uniform());
+  KvLayer l(g);
+  l.append(r.f32_view());
+  const auto q = random_query(g, 1, rng);
+  const auto near = [&](std::int64_t key) {  // a one-key view
+    return kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {key, key + 1, 0},
+                                      tensor_core_shape(1));
+  };
+  for (const std::int64_t key : {std::int64_t(37), std::int64_t(163), std::int64_t(20)}) {
+    const bool within = key >= 100 - 63 && key <= 100 + 63;
+    const auto b = near(key);
+    const auto f32 = l.dequantized_row(Plane::v, key);
+    const auto fused = fused_row(l, key, D);
+    for (int e = 0; e < D; ++e) {
+      const double want = within ? double(f32[std::size_t(e)]) : fused[std::size_t(e)];
+      EXPECT_EQ(b.expected[std::size_t(e)], want) << "key " << key << " element " << e;
+      if (within) {
+        EXPECT_GE(b.sigma[std::size_t(e)], std::fabs(fused[std::size_t(e)] - f32[std::size_t(e)]))
+            << "key " << key << " element " << e;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kvlayer::testing
