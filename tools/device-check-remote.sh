@@ -216,6 +216,19 @@ if [[ $sanitize_only == 0 && -x "$example" ]]; then
 elif [[ $sanitize_only == 0 ]]; then
   printf '%s|%s|%s\n' "example engine_loop" "MISSING(not built)" "0" >"$results/example_engine_loop"
 fi
+# The declared statistical check's resolution (issue #34): kvlayer sensitivity --gpu plants
+# errors of 2^-14 … 2^-8 on the GPU's own decode of every supported head dim; FAIL when the
+# check misses a plant on peaked data coarser than 2^-12 (<= 4K keys) or 2^-10 (to 128K), or
+# a clean launch alarms. Decode on both kernel families, and verify rows (T = 8, to 16K keys).
+if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer" ]]; then
+  run_program "resolution decode" "$work/logs/resolution_decode.log" "$test_timeout" \
+    "$build/bin/kvlayer" sensitivity --gpu --require-resolution &
+  run_program "resolution decode (cuda_core)" "$work/logs/resolution_decode_cuda_core.log" \
+    "$test_timeout" env KVLAYER_DECODE_KERNEL=cuda_core "$build/bin/kvlayer" sensitivity --gpu \
+    --require-resolution &
+  run_program "resolution verify T 8" "$work/logs/resolution_verify.log" "$test_timeout" \
+    "$build/bin/kvlayer" sensitivity --gpu --rows 8 --longest 16384 --require-resolution &
+fi
 # The Python package (tools/device-check built its cp312 wheel into bin/python/): its tests, the
 # GPU half on its own so that a skipped GPU suite fails (exit 77: no CUDA device or no torch),
 # and the PyTorch example; beside the binaries above (the example's times are then not taken
@@ -317,6 +330,7 @@ collect() {  # OUTFILE PATTERN: concatenates matching step logs, capped at 15 Mi
   fi
 }
 collect "$out/tests.log" 'test_*.log'
+collect "$out/resolution.log" 'resolution_*.log'
 for tool in memcheck racecheck synccheck initcheck; do collect "$out/$tool.log" "${tool}_*.log"; done
 
 # ---- 3. summary -------------------------------------------------------------------------------------
@@ -346,6 +360,12 @@ cat "$work"/tightness/* 2>/dev/null | sort >"$work/tightness.txt" || true
 if [[ -s "$work/tightness.txt" ]]; then
   { echo; echo "bound tightness (by step):"; sed 's/^/  /' "$work/tightness.txt"; } >>"$out/summary.txt"
 fi
+# The sweeps' peaked rows (the cells: bound/8sigma/declared/E12) and verdicts.
+for f in "$work"/logs/resolution_*.log; do
+  [[ -f $f ]] || continue
+  { echo; echo "${f##*/}:"; grep -aE '^[0-9]+ +[0-9]+ +peaked|^resolution:|^  missed:' "$f" |
+      cut -c1-150 | sed 's/^/  /'; } >>"$out/summary.txt"
+done
 grep -h 'ERROR SUMMARY: [1-9]' "$work"/logs/{memcheck,racecheck,synccheck,initcheck}_*.log 2>/dev/null | head -8 >"$work/san.txt" || true
 if [[ -s "$work/san.txt" ]]; then
   { echo; echo "sanitizer errors:"; cat "$work/san.txt"; } >>"$out/summary.txt"

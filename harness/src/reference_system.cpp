@@ -4,6 +4,7 @@
 #include <bit>
 
 #include "kvlayer/error.hpp"
+#include "kvlayer/half.hpp"
 #include "kvlayer/testing/snapshot.hpp"
 #include "reference_calls.hpp"
 
@@ -62,13 +63,23 @@ void append_one(ref::KvLayer& layer, const HostRows& row, bool windowed) {
   windowed ? layer.append_dcw(row.view()) : layer.append_dc(row.view());
 }
 
+/// q as the kernels take it (kvlayer/accuracy.hpp (1): rounded once to fp16), so that this
+/// system's decodes are the float64 decodes of the GPU's query: |got − õ| is their rounding to
+/// float, which the declared statistical check's noise model has no term for e_q to hide in.
+std::vector<float> as_kernels_take(std::span<const float> q) {
+  std::vector<float> out(q.begin(), q.end());
+  for (float& x : out) x = f16_bits_to_f32(f32_to_f16_bits(x));
+  return out;
+}
+
 /// A batch decode's output: max_batch positions of T queries (the CUDA batch's output buffer),
 /// position j the list's entry j; positions past the list and those of a sequence that recorded
 /// a device error stay poisoned.
 std::vector<float> batch_decode(ref::KvBatch& batch, int n_q_heads, std::span<const float> q, int t,
                                 bool windowed, std::optional<float> scale) {
-  const auto outs = windowed ? batch.decode_rows_dcw(q, n_q_heads, t, scale)
-                             : batch.decode_rows_dc(q, n_q_heads, t, scale);
+  const std::vector<float> q16 = as_kernels_take(q);
+  const auto outs = windowed ? batch.decode_rows_dcw(q16, n_q_heads, t, scale)
+                             : batch.decode_rows_dc(q16, n_q_heads, t, scale);
   const std::size_t per_position = std::size_t(std::max(t, 1)) * std::size_t(n_q_heads) *
                                    std::size_t(batch.geometry().head_dim_v);
   std::vector<float> out = poisoned(std::size_t(batch.max_batch()) * per_position);
@@ -185,14 +196,14 @@ bool ReferenceSystem::can_rewind_to(std::int64_t p) {
 
 std::vector<float> ReferenceSystem::decode(DecodeVariant variant, std::span<const float> q,
                                            std::optional<float> scale) {
-  return output_of(reference_decode(layer_, variant, q, n_q_heads_, scale),
+  return output_of(reference_decode(layer_, variant, as_kernels_take(q), n_q_heads_, scale),
                    std::size_t(n_q_heads_) * std::size_t(geometry().head_dim_v));
 }
 
 std::vector<float> ReferenceSystem::decode_rows(DecodeVariant variant, std::span<const float> q,
                                                 int t, std::optional<float> scale) {
   return output_of(
-      reference_decode_rows(layer_, variant, q, n_q_heads_, t, scale),
+      reference_decode_rows(layer_, variant, as_kernels_take(q), n_q_heads_, t, scale),
       std::size_t(std::max(t, 0)) * std::size_t(n_q_heads_) * std::size_t(geometry().head_dim_v));
 }
 
@@ -220,7 +231,9 @@ std::vector<std::vector<float>> ReferenceSystem::verify_chain(
     work.inc_seqlen(t);
     for (auto* into : {&outputs, &eager})
       into->push_back(
-          output_of(reference_decode_rows(work, variant, queries.at(r), n_q_heads_, t, scale), n));
+          output_of(reference_decode_rows(work, variant, as_kernels_take(queries.at(r)),
+                                          n_q_heads_, t, scale),
+                    n));
     work.account_steps(t);
     if (accepted.at(r) < t) work.rewind(work.len() - t + accepted[r]);
   }
@@ -244,7 +257,9 @@ std::vector<std::vector<float>> ReferenceSystem::graph_chain(
     work.inc_seqlen();
     for (auto* into : {&outputs, &eager})
       into->push_back(output_of(
-          reference_decode(work, dc_variant(windowed), queries.at(i), n_q_heads_, scale), n));
+          reference_decode(work, dc_variant(windowed), as_kernels_take(queries.at(i)),
+                           n_q_heads_, scale),
+          n));
   }
   layer_ = std::move(work);
   eager_ = std::move(eager);

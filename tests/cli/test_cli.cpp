@@ -230,6 +230,29 @@ TEST_F(Cli, SensitivitySweepOfVerifyRowsAtOneThousandKeys) {
   check_sensitivity_rows(r.out);
 }
 
+// An H100's own decodes of the sweep's first configurations (head dim 64, 1K keys, a decode and
+// a verify of T = 8; saved by `kvlayer sensitivity --gpu --save`, session 25), replayed: the
+// declared statistical check catches every plant on peaked data at 2^-12 or finer with the
+// GPU's real rounding in, and no clean launch alarms.
+TEST_F(Cli, SensitivityReplayOfAGpuRunMeetsTheResolutionTargets) {
+  for (const char* rows : {"1", "8"}) {
+    const Result r = run({"sensitivity", "--load", KVLAYER_SENSITIVITY_DATA, "--head-dim", "64",
+                          "--longest", "1024", "--rows", rows, "--require-resolution"});
+    EXPECT_EQ(r.status, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("resolution: PASS"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("(replayed from "), std::string::npos) << r.out;
+  }
+  // The usage: --save needs --gpu; --require-resolution needs a GPU's output; a missing file
+  // is named.
+  EXPECT_EQ(run({"sensitivity", "--save", "x"}).status, 2);
+  EXPECT_EQ(run({"sensitivity", "--require-resolution"}).status, 2);
+  const Result missing =
+      run({"sensitivity", "--load", "/nonexistent", "--head-dim", "64", "--longest", "1024"});
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.err.find("/nonexistent/d64_k1024_normal_t1.f32"), std::string::npos)
+      << missing.err;
+}
+
 TEST_F(Cli, PerCommandHelp) {
   for (const char* c : {"quantize", "dequantize", "selfcheck", "inspect", "snapshot-demo"}) {
     const Result r = run({c, "--help"});

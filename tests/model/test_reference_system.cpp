@@ -282,6 +282,17 @@ struct PerturbsADecodeElement : ReferenceSystem {
   }
 };
 
+/// A decode's first element a million times its magnitude (plus one) off: beyond any bound.
+struct PerturbsADecodeElementGrossly : ReferenceSystem {
+  using ReferenceSystem::ReferenceSystem;
+  std::vector<float> decode(DecodeVariant v, std::span<const float> q,
+                            std::optional<float> scale) override {
+    std::vector<float> out = ReferenceSystem::decode(v, q, scale);
+    if (!all_poison(out)) out[0] += 1e6f * (std::fabs(out[0]) + 1);
+    return out;
+  }
+};
+
 /// Every decode's output 2^-12 too large: below the bound's resolution (about 2^-10 of the
 /// output), so only the declared statistical check can see it.
 struct ScalesEveryDecodeSlightly : ReferenceSystem {
@@ -552,7 +563,12 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
     const char* report;  ///< a part of the executor's report
   };
   const std::vector<Wrong> wrongs = {
-      {"a decode element off by 1e-3", make<PerturbsADecodeElement>(), "exceeds the derived bound"},
+      {"a decode element far off", make<PerturbsADecodeElementGrossly>(),
+       "exceeds the derived bound"},
+      // Below the bound where the output is small against the V it averages: the declared
+      // check, the finer of the two, reports it first there.
+      {"a decode element off by 1e-3", make<PerturbsADecodeElement>(),
+       "the declared statistical check"},
       {"every decode 2^-12 too large", make<ScalesEveryDecodeSlightly>(),
        "the declared statistical check"},
       {"a verify element left poisoned", make<LeavesAVerifyElementPoisoned>(), "(not finite)"},

@@ -39,8 +39,8 @@ struct Stats {
   ref::SystematicCheck systematic;  ///< issue #34's statistics per decode launch
   double worst_energy = 0;            ///< the largest launch energy (the declared check's)
   std::string worst_energy_at;        ///< and its launch
-  /// The same by kernel path ("decode d128": one query; "verify d128": T ≥ 2 rows): the
-  /// clean distribution of |z| differs by path (bench/NOTES.md, session 18).
+  /// The same by kernel path ("decode d128": one query; "verify d128": T ≥ 2 rows): each
+  /// path's clean distribution, reported apart (bench/NOTES.md, sessions 18 and 25).
   std::map<std::string, ref::SystematicCheck> systematic_by_path;
   Coverage coverage;             ///< what the system's launches reached (coverage.hpp)
   /// Wall-clock seconds spent in commands, and the parts of it in the system's calls (without

@@ -28,8 +28,9 @@ inline ref::BoundTightness& bound_tightness() {
   return tightness;
 }
 
-/// The process-wide statistical check (issue #34, report only) over every decode launch a test
-/// compared: record each element, end_launch() after each launch; printed beside the above.
+/// The process-wide statistical checks (issue #34) over every decode launch a test compared:
+/// record each element, end_launch() after each launch; printed beside the above. Report only
+/// here (a launch of several rows is one unit); the harness fails a case on the declared check.
 inline ref::SystematicCheck& systematic_check() {
   static ref::SystematicCheck check;
   return check;
