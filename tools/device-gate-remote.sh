@@ -5,9 +5,9 @@
 # in calls of at most 10 minutes, so the gate is cut into phases, each fitting one call, each
 # stopping what it starts before BUDGET_S seconds and returning every log in ONE file,
 # $OUT/logs.tar.xz (the device tool returns only a few files of $OUT):
-#   check  tools/device-check-remote.sh ∥ tools/device-campaign.sh (CAMPAIGN_PROCS × CAMPAIGN_MIN
-#          minutes, default 10 × 4) [∥ default_scale_f16 with DSF_CHECK=1], then `kvlayer
-#          sensitivity --gpu` per head dim while time is left;
+#   check  tools/device-check-remote.sh (with its resolution sweeps) ∥ tools/device-campaign.sh
+#          (CAMPAIGN_PROCS × CAMPAIGN_MIN minutes, default 10 × 4) [∥ default_scale_f16 with
+#          DSF_CHECK=1];
 #   mut    tools/mutants (the full list, MJOBS at a time, default 13, 1 minute each) ∥
 #          default_scale_f16 alone at 3.5 minutes (DSF=0: not), then the mutants whose runs timed
 #          out, alone, then tools/bench-ab (--verify, one round) of the packed builds while time
@@ -89,13 +89,6 @@ case $phase in
     [[ ${DSF_CHECK:-0} == 1 ]] && default_scale_f16 40 &
     wait
     echo "check done at $(($(date +%s) - t0)) s" >>"$L/times.txt"
-    if (($(left) > 90)); then
-      for d in 128 256; do
-        timeout $((($(left) - 20) / 2)) build-device/bin/kvlayer sensitivity --gpu --head-dim $d \
-          >"$L/sensitivity-d$d.txt" 2>&1 &
-      done
-      wait
-    fi
     ;;
   mut)
     mutant_list "${MUT_MARGIN:-100}" "${MJOBS:-13}" 1 &

@@ -230,10 +230,9 @@ std::vector<std::vector<float>> ReferenceSystem::verify_chain(
     reference_append_rows_dc(work, drafts[r], windowed);
     work.inc_seqlen(t);
     for (auto* into : {&outputs, &eager})
-      into->push_back(
-          output_of(reference_decode_rows(work, variant, as_kernels_take(queries.at(r)),
-                                          n_q_heads_, t, scale),
-                    n));
+      into->push_back(output_of(reference_decode_rows(work, variant, as_kernels_take(queries.at(r)),
+                                                      n_q_heads_, t, scale),
+                                n));
     work.account_steps(t);
     if (accepted.at(r) < t) work.rewind(work.len() - t + accepted[r]);
   }
@@ -256,10 +255,9 @@ std::vector<std::vector<float>> ReferenceSystem::graph_chain(
     append_one(work, rows[i], windowed);
     work.inc_seqlen();
     for (auto* into : {&outputs, &eager})
-      into->push_back(output_of(
-          reference_decode(work, dc_variant(windowed), as_kernels_take(queries.at(i)),
-                           n_q_heads_, scale),
-          n));
+      into->push_back(output_of(reference_decode(work, dc_variant(windowed),
+                                                 as_kernels_take(queries.at(i)), n_q_heads_, scale),
+                                n));
   }
   layer_ = std::move(work);
   eager_ = std::move(eager);

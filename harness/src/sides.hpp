@@ -201,7 +201,7 @@ class Sides {
   Geometry geometry_;
   DType dtype_;
   int n_q_heads_;
-  std::uint64_t seed_;  ///< the case's (named by the largest-energy launch)
+  std::uint64_t seed_;          ///< the case's (named by the largest-energy launch)
   mutable unsigned kinds_ = 0;  ///< the data kinds drawn so far (bit per DataKind), likewise
   Stats stats_;
   std::unique_ptr<System> timed_;  ///< the given system behind a timing decorator

@@ -68,8 +68,12 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
                       bool tensor_core = false) {
   const Geometry& g = layer.geometry();
   const std::int64_t n = view.end - view.begin;
-  HeadCache c{view.begin, MatrixXdR(n, g.head_dim_k), MatrixXdR(n, g.head_dim_v),
-              MatrixXdR(n, g.head_dim_v), {}, {}};
+  HeadCache c{view.begin,
+              MatrixXdR(n, g.head_dim_k),
+              MatrixXdR(n, g.head_dim_v),
+              MatrixXdR(n, g.head_dim_v),
+              {},
+              {}};
   if (tensor_core) {
     c.v_fused.resize(n, g.head_dim_v);
     c.v_either.setZero(n, g.head_dim_v);
@@ -450,7 +454,8 @@ Eigen::Array<bool, Eigen::Dynamic, 1> frame_maxima(const Eigen::VectorXd& x,
     double others = -INFINITY;
     if (t > 0) others = t - w < 0 ? head(t - 1) : std::max(suffix(t - w), prefix(t - 1));
     if (t < n - 1)
-      others = std::max(others, t + w > n - 1 ? tail(t + 1) : std::max(suffix(t + 1), prefix(t + w)));
+      others =
+          std::max(others, t + w > n - 1 ? tail(t + 1) : std::max(suffix(t + 1), prefix(t + w)));
     out(t) = x(t) - others > delta(t) + worst;  // false for NaN
   }
   return out;
@@ -464,8 +469,7 @@ struct NoiseModel {
 
 NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
                        const ColumnSoftmax& both, const Eigen::Ref<const MatrixXd>& high_underflow,
-                       const MatrixXd& delta, const MatrixXd& delta_rms,
-                       std::int64_t frame_keys) {
+                       const MatrixXd& delta, const MatrixXd& delta_rms, std::int64_t frame_keys) {
   const double u16 = std::ldexp(1.0, -11);
   const Eigen::Index gqa = delta.cols();
   const bool tensor_core = bc.c.v_fused.size() > 0;
@@ -482,17 +486,16 @@ NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
     const Eigen::VectorXd x = both.scores.col(gqa + j);
     const auto exact = frame_maxima(x, delta.col(j), frame_keys);
     const Eigen::ArrayXd h2 = high.col(j).array().square();
-    w.col(j) = (exact.select(0.0, (h2 * (u16 * u16) +
-                                   underflow.col(j).array() * std::ldexp(1.0, -50)) /
-                                      3))
+    w.col(j) = (exact.select(
+                    0.0, (h2 * (u16 * u16) + underflow.col(j).array() * std::ldexp(1.0, -50)) / 3))
                    .matrix();
     w.col(gqa + j) = (h2 * delta_rms.col(j).array().square()).matrix();
   }
   MatrixXd squares = MatrixXd::Zero(vm.cols(), 2 * gqa);
   for (Eigen::Index c = 0; c < n; c += 4096) {  // |V|² of a long view: chunks, no plane
     const Eigen::Index k = std::min<Eigen::Index>(4096, n - c);
-    squares.noalias() += vm.middleRows(c, k).array().square().matrix().transpose() *
-                         w.middleRows(c, k);
+    squares.noalias() +=
+        vm.middleRows(c, k).array().square().matrix().transpose() * w.middleRows(c, k);
   }
   const MatrixXd linear = vm.transpose() * w.rightCols(gqa);
   const Eigen::RowVectorXd total = w.rightCols(gqa).colwise().sum();
@@ -543,8 +546,9 @@ NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
   // (N3) A block whose header lets some kernel take the f32 path: the other candidate's whole
   // difference, weighted as a rounding of p̂·V would be.
   if (tensor_core && bc.c.any_either)
-    m.variance.noalias() += bc.c.v_either.middleRows(first, n).array().square().matrix().transpose() *
-                            high.array().square().matrix();
+    m.variance.noalias() +=
+        bc.c.v_either.middleRows(first, n).array().square().matrix().transpose() *
+        high.array().square().matrix();
   return m;
 }
 
@@ -570,9 +574,8 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
   const double gamma = 2.0 * (kMmaK + 2) * u32;
   // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)).
   const double dot = shape.tensor_core ? 2 * gamma + (D / kBlockValues + 4) * u32 : (D + 4) * u32;
-  const double dot_rms = shape.tensor_core
-                             ? gamma / 2 + std::sqrt((D / kBlockValues + 4) / 3) * u32
-                             : std::sqrt((D + 4) / 3) * u32;
+  const double dot_rms = shape.tensor_core ? gamma / 2 + std::sqrt((D / kBlockValues + 4) / 3) * u32
+                                           : std::sqrt((D + 4) / 3) * u32;
   const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
   // PV, and separately the row sums (each within this): the sequential chain (f32 adds, or γ
   // per chained mma, which also covers the row sum's shorter f32 chain), the rescales and the

@@ -204,8 +204,7 @@ void SystematicCheck::add(const SystematicCheck& o) {
   max_noise_ratio_ = std::max(max_noise_ratio_, o.max_noise_ratio_);
   max_energy_ = std::max(max_energy_, o.max_energy_);
   noise_alarms_ += o.noise_alarms_;
-  for (std::size_t k = 0; k < noise_counts_.size(); ++k)
-    noise_counts_[k] += o.noise_counts_[k];
+  for (std::size_t k = 0; k < noise_counts_.size(); ++k) noise_counts_[k] += o.noise_counts_[k];
   for (int b = 0; b < kResolutionBins; ++b) {
     bound_histogram_[std::size_t(b)] += o.bound_histogram_[std::size_t(b)];
     statistic_histogram_[std::size_t(b)] += o.statistic_histogram_[std::size_t(b)];
@@ -264,14 +263,14 @@ std::string SystematicCheck::summary(const std::string& path) const {
          }() +
          ", elements >= 2: " + std::to_string(noise_counts_[0]) +
          ", >= 4: " + std::to_string(noise_counts_[1]) +
-         ", >= 8: " + std::to_string(noise_counts_[2]) + " of " +
-         std::to_string(noise_elements_) + "; 8 sigma reached per launch by p50 " +
-         beta(noise_resolution(0.5)) + " p90 " + beta(noise_resolution(0.9)) +
-         "; declared check: energy per launch p50 " + beta(energy(0.5)) + " p99 " +
-         beta(energy(0.99)) + " max " + beta(max_energy_) + ", " + std::to_string(noise_alarms_) +
-         " of " + std::to_string(noise_launches_) + " launches >= " +
-         std::to_string(int(kNoiseThreshold)) + " (alarms); the threshold reached by p50 " +
-         beta(energy_resolution(0.5)) + " p90 " + beta(energy_resolution(0.9));
+         ", >= 8: " + std::to_string(noise_counts_[2]) + " of " + std::to_string(noise_elements_) +
+         "; 8 sigma reached per launch by p50 " + beta(noise_resolution(0.5)) + " p90 " +
+         beta(noise_resolution(0.9)) + "; declared check: energy per launch p50 " +
+         beta(energy(0.5)) + " p99 " + beta(energy(0.99)) + " max " + beta(max_energy_) + ", " +
+         std::to_string(noise_alarms_) + " of " + std::to_string(noise_launches_) +
+         " launches >= " + std::to_string(int(kNoiseThreshold)) +
+         " (alarms); the threshold reached by p50 " + beta(energy_resolution(0.5)) + " p90 " +
+         beta(energy_resolution(0.9));
 }
 
 }  // namespace kvlayer::ref

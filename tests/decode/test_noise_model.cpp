@@ -87,7 +87,8 @@ TEST(NoiseModel, ExpectedMultipliesTheValuesTheKernelsMultiply) {
   const auto q = random_query(g, 1, rng);
   const auto f32 = l.dequantized_row(Plane::v, 0);
   const auto fused = fused_row(l, 0, 64);
-  const auto tc = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 1, 0}, tensor_core_shape(1));
+  const auto tc =
+      kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 1, 0}, tensor_core_shape(1));
   AccumulationShape cc;
   const auto cuda_core = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 1, 0}, cc);
   int differ = 0;
@@ -123,7 +124,8 @@ TEST(NoiseModel, AKeyAtTheTopOfItsFrameIsNotRounded) {
     q[std::size_t(d)] = float(std::sqrt(double(D)) * u[std::size_t(d)]);
   }
   l.append(r.f32_view());
-  const auto apart = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(1));
+  const auto apart =
+      kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(1));
   const auto together =
       kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(2));
   const auto v1 = fused_row(l, 1, D);
@@ -164,7 +166,8 @@ TEST(NoiseModel, KeysOfOneScoreRoundTogether) {
   const auto b = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, n, 0}, tensor_core_shape(n));
   const auto v = fused_row(l, 0, D);
   for (int e = 0; e < D; ++e)
-    EXPECT_GE(b.sigma[std::size_t(e)], (1 - 1e-9) * u16 / std::sqrt(3.0) * std::fabs(v[std::size_t(e)]))
+    EXPECT_GE(b.sigma[std::size_t(e)],
+              (1 - 1e-9) * u16 / std::sqrt(3.0) * std::fabs(v[std::size_t(e)]))
         << e;
 }
 

@@ -210,8 +210,7 @@ TEST(SystematicCheck, TheEnergyAveragesTheLaunchAndAlarmsAtTheThreshold) {
   c.end_launch();
   EXPECT_EQ(c.noise_alarms(), 1);
   EXPECT_GE(c.max_energy(), tau);
-  EXPECT_NE(c.summary().find("1 of 3 launches >= 16 (alarms)"), std::string::npos)
-      << c.summary();
+  EXPECT_NE(c.summary().find("1 of 3 launches >= 16 (alarms)"), std::string::npos) << c.summary();
 }
 
 TEST(SystematicCheck, TheSummaryReportsBothResolutions) {

@@ -252,8 +252,7 @@ void save_output(const std::string& name, const std::vector<float>& got,
   std::fclose(f);
 }
 
-std::vector<float> load_output(const std::string& name, std::size_t values,
-                               AccumulationShape& s) {
+std::vector<float> load_output(const std::string& name, std::size_t values, AccumulationShape& s) {
   std::vector<float> got(values);
   std::FILE* f = std::fopen((name + ".f32").c_str(), "rb");
   if (!f || std::fread(got.data(), sizeof(float), values, f) != values)
@@ -293,7 +292,8 @@ int run(const std::vector<std::string>& args) {
   if (!load.empty() && o.flag("gpu")) throw UsageError("--load replays a saved GPU run: no --gpu");
   const bool gpu = o.flag("gpu") || !load.empty();  // with a GPU's output, live or saved
   const bool require = o.flag("require-resolution");
-  if (require && !gpu) throw UsageError("--require-resolution needs a GPU's output (--gpu or --load)");
+  if (require && !gpu)
+    throw UsageError("--require-resolution needs a GPU's output (--gpu or --load)");
   // Issue #34's targets for the declared check on peaked data, and clean launches that pass it.
   std::vector<std::string> misses;
   const int only_head_dim = int(o.integer("head-dim", 0, 0, 1 << 20));
@@ -301,7 +301,8 @@ int run(const std::vector<std::string>& args) {
     throw UsageError("--head-dim " + std::to_string(only_head_dim) +
                      " is not a supported head dim (" + cuda::supported_head_dims() + ")");
 #ifndef KVLAYER_WITH_CUDA
-  if (o.flag("gpu")) throw UsageError("--gpu needs a build with the CUDA layer (this one has none)");
+  if (o.flag("gpu"))
+    throw UsageError("--gpu needs a build with the CUDA layer (this one has none)");
 #endif
   std::mt19937_64 rng(std::uint64_t(o.integer("seed", 1, 0, INT64_MAX)));
   std::printf(
@@ -357,7 +358,8 @@ int run(const std::vector<std::string>& args) {
           got = device->decode_rows(s.q, rows);
           shape =
               rows == 1 ? device->accumulation_shape() : device->verify_accumulation_shape(rows);
-          if (!save.empty()) save_output(saved_name(save, D, keys, data_name(data), rows), got, shape);
+          if (!save.empty())
+            save_output(saved_name(save, D, keys, data_name(data), rows), got, shape);
         }
 #endif
         if (!load.empty())
@@ -422,9 +424,8 @@ int run(const std::vector<std::string>& args) {
           // that the declared check catches (the launch's energy ≥ tau); its energy at 2^-12.
           int caught = 0, sigmas = 0, declared = 0;
           double e12 = 0;
-          for (int e = kLastExponent; e >= kFirstExponent &&
-                                      (caught == 0 || sigmas == 0 || (gpu && declared == 0));
-               --e) {
+          for (int e = kLastExponent;
+               e >= kFirstExponent && (caught == 0 || sigmas == 0 || (gpu && declared == 0)); --e) {
             const double eps = std::ldexp(1.0, -e);
             std::vector<double> planted;
             switch (plant) {
@@ -505,9 +506,10 @@ int run(const std::vector<std::string>& args) {
     }
   }
   if (gpu) {
-    std::printf("resolution: %s (the declared check on peaked data: 2^-12 at <= 4K keys, 2^-10 "
-                "beyond; clean launches below the threshold)\n",
-                misses.empty() ? "PASS" : "FAIL");
+    std::printf(
+        "resolution: %s (the declared check on peaked data: 2^-12 at <= 4K keys, 2^-10 "
+        "beyond; clean launches below the threshold)\n",
+        misses.empty() ? "PASS" : "FAIL");
     for (const std::string& m : misses) std::printf("  missed: %s\n", m.c_str());
   }
   return require && !misses.empty() ? kExitFailure : kExitOk;

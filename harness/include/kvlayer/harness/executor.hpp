@@ -37,8 +37,8 @@ struct Stats {
   double worst_bound = 0;        ///< and its bound
   ref::BoundTightness tightness; ///< over every element compared with a bound
   ref::SystematicCheck systematic;  ///< issue #34's statistics per decode launch
-  double worst_energy = 0;            ///< the largest launch energy (the declared check's)
-  std::string worst_energy_at;        ///< and its launch
+  double worst_energy = 0;          ///< the largest launch energy (the declared check's)
+  std::string worst_energy_at;      ///< and its launch
   /// The same by kernel path ("decode d128": one query; "verify d128": T ≥ 2 rows): each
   /// path's clean distribution, reported apart (bench/NOTES.md, sessions 18 and 25).
   std::map<std::string, ref::SystematicCheck> systematic_by_path;
