@@ -27,7 +27,7 @@
 # KVLAYER_SANITIZE_GPU_CASES (model cases per tool, default 25), KVLAYER_SANITIZE_SHARDS
 # (processes they are split over, default 8), KVLAYER_SANITIZE_SHARDS_<TOOL> (the same for one
 # tool), KVLAYER_SANITIZE_ONLY=1 (skip plain test runs),
-# KVLAYER_MODEL_SHARDS (processes test_model_cuda's cases are split over, default 4; 1: one),
+# KVLAYER_MODEL_SHARDS (processes test_model_cuda's cases are split over, default 8; 1: one),
 # KVLAYER_GTEST_SHARDS (processes the longest GoogleTest binaries, the layer and long-view
 # suites, are split over by GoogleTest's own sharding, default 4, at most one per test; 1: one),
 # KVLAYER_SANITIZE_SEQUENTIAL=1 (the four tools one after another, for many shards),
@@ -41,7 +41,7 @@ build=${1:-build-device}
 origin=${2:-}
 out=${OUT:-$PWD/device-check-out}
 test_timeout=${KVLAYER_TEST_TIMEOUT:-480}  # test_model_cuda's 200 cases: ~6 min with §11 commands
-model_shards=${KVLAYER_MODEL_SHARDS:-4}    # processes test_model_cuda's cases are split over
+model_shards=${KVLAYER_MODEL_SHARDS:-8}    # processes test_model_cuda's cases are split over
 gtest_shards=${KVLAYER_GTEST_SHARDS:-4}    # processes each of the longest binaries is split over
 sharded_binaries=" kvlayer_cuda_layer_tests kvlayer_long_view_test "  # ~260 and ~300 s alone
 sanitize_timeout=${KVLAYER_SANITIZE_TIMEOUT:-300}
@@ -219,13 +219,14 @@ fi
 # The declared statistical check's resolution (issue #34): kvlayer sensitivity --gpu plants
 # errors of 2^-14 … 2^-8 on the GPU's own decode of every supported head dim; FAIL when the
 # check misses a plant on peaked data coarser than 2^-12 (<= 4K keys) or 2^-10 (to 128K), or
-# a clean launch alarms. Decode on both kernel families, and verify rows (T = 8, to 16K keys).
+# a clean launch alarms. Decode to 128K keys; the CUDA-core decode and verify rows (T = 8) to
+# 16K (their float64 sweeps at 128K would lengthen the check by minutes).
 if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer" ]]; then
   run_program "resolution decode" "$work/logs/resolution_decode.log" "$test_timeout" \
     "$build/bin/kvlayer" sensitivity --gpu --require-resolution &
   run_program "resolution decode (cuda_core)" "$work/logs/resolution_decode_cuda_core.log" \
     "$test_timeout" env KVLAYER_DECODE_KERNEL=cuda_core "$build/bin/kvlayer" sensitivity --gpu \
-    --require-resolution &
+    --longest 16384 --require-resolution &
   run_program "resolution verify T 8" "$work/logs/resolution_verify.log" "$test_timeout" \
     "$build/bin/kvlayer" sensitivity --gpu --rows 8 --longest 16384 --require-resolution &
 fi

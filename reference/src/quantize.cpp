@@ -107,7 +107,9 @@ float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in) {
 }
 
 double round_to_f16(double x) {
-  if (x == 0 || !std::isfinite(x)) return x;
+  // Exact in f32 (the common case): f32's own conversion rounds it once, the same.
+  if (const float f = float(x); double(f) == x) return f16_bits_to_f32(f32_to_f16_bits(f));
+  if (!std::isfinite(x)) return x;
   // The ulp of x's binade (subnormals: 2^-24); nearbyint rounds ties to even.
   const int ulp = std::max(std::ilogb(x), -14) - 10;
   const double r = std::ldexp(std::nearbyint(std::ldexp(x, -ulp)), ulp);
