@@ -3,6 +3,7 @@
 #include "kvlayer/reference/quantize.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -106,6 +107,17 @@ float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in) {
   return f16_bits_to_f32(load_u16(in.data() + 2));
 }
 
+/// The 32 five-bit quants of a q5_1 block (SPEC §2: low nibbles, then high, and qh's bits).
+std::array<std::uint32_t, kBlockValues> q5_1_quants(
+    std::span<const std::uint8_t, kQ5_1BlockBytes> in) {
+  std::uint32_t qh = 0;
+  for (int b = 0; b < 4; ++b) qh |= std::uint32_t(in[4 + b]) << (8 * b);
+  std::array<std::uint32_t, kBlockValues> q{};
+  for (int j = 0; j < kBlockValues; ++j)
+    q[std::size_t(j)] = ((in[8 + j % 16] >> (j < 16 ? 0 : 4)) & 0x0Fu) | (((qh >> j) & 1u) << 4);
+  return q;
+}
+
 double round_to_f16(double x) {
   // Exact in f32 (the common case): f32's own conversion rounds it once, the same.
   if (const float f = float(x); double(f) == x) return f16_bits_to_f32(f32_to_f16_bits(f));
@@ -120,13 +132,9 @@ bool dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockByt
                                      std::span<double, kBlockValues> out) {
   const double d = f16_bits_to_f32(load_u16(in.data()));
   const double m = q5_1_block_min(in);
-  std::uint32_t qh = 0;
-  for (int b = 0; b < 4; ++b) qh |= std::uint32_t(in[4 + b]) << (8 * b);
-  for (int j = 0; j < kBlockValues; ++j) {
-    const std::uint32_t nibble = (in[8 + j % 16] >> (j < 16 ? 0 : 4)) & 0x0Fu;
-    const std::uint32_t q = nibble | (((qh >> j) & 1u) << 4);
-    out[j] = round_to_f16(d * double(q) + m);  // exact in double: d·q + m spans < 41 bits
-  }
+  const auto q = q5_1_quants(in);
+  // Exact in double (d·q + m spans < 41 bits), then rounded once.
+  for (int j = 0; j < kBlockValues; ++j) out[j] = round_to_f16(d * double(q[std::size_t(j)]) + m);
   return !(std::fabs(d) <= 1024 && std::fabs(m) <= 32768);
 }
 
@@ -134,12 +142,9 @@ void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
                            std::span<float, kBlockValues> out) {
   const float d = f16_bits_to_f32(load_u16(in.data()));
   const float m = q5_1_block_min(in);
-  std::uint32_t qh = 0;
-  for (int b = 0; b < 4; ++b) qh |= std::uint32_t(in[4 + b]) << (8 * b);
+  const auto q = q5_1_quants(in);
   for (int j = 0; j < kBlockValues; ++j) {
-    const std::uint32_t nibble = (in[8 + j % 16] >> (j < 16 ? 0 : 4)) & 0x0Fu;
-    const std::uint32_t q = nibble | (((qh >> j) & 1u) << 4);
-    const float scaled = d * float(q);
+    const float scaled = d * float(q[std::size_t(j)]);
     out[j] = scaled + m;  // SPEC §4: one rounding each, never fused
   }
 }

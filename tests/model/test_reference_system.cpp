@@ -269,41 +269,19 @@ TEST(ReferenceSystem, CampaignCasesShowNoDifferenceAndReachEveryComparison) {
 
 // ---- Systems that get one thing wrong ----------------------------------------------------
 
-/// A decode output element 0 perturbed by a relative 1e-3. The bound allows about 2^-10 of
-/// Σ p·|V| for the fp16 rounding of p alone, so this shows only where attention is concentrated
-/// (Σ p·|V| near |o|); the campaign's cases reach such an element.
-struct PerturbsADecodeElement : ReferenceSystem {
-  using ReferenceSystem::ReferenceSystem;
-  std::vector<float> decode(DecodeVariant v, std::span<const float> q,
-                            std::optional<float> scale) override {
-    std::vector<float> out = ReferenceSystem::decode(v, q, scale);
-    if (!all_poison(out)) out[0] *= 1.001f;
-    return out;
-  }
-};
-
-/// A decode's first element a million times its magnitude (plus one) off: beyond any bound.
-struct PerturbsADecodeElementGrossly : ReferenceSystem {
-  using ReferenceSystem::ReferenceSystem;
-  std::vector<float> decode(DecodeVariant v, std::span<const float> q,
-                            std::optional<float> scale) override {
-    std::vector<float> out = ReferenceSystem::decode(v, q, scale);
-    if (!all_poison(out)) out[0] += 1e6f * (std::fabs(out[0]) + 1);
-    return out;
-  }
-};
-
-/// Every decode's output 2^-12 too large: below the bound's resolution (about 2^-10 of the
-/// output), so only the declared statistical check can see it.
-struct ScalesEveryDecodeSlightly : ReferenceSystem {
-  using ReferenceSystem::ReferenceSystem;
+/// Every decode's output changed by `change` (element 0 alone with kFirstOnly).
+template <bool kFirstOnly>
+struct ChangesDecodes : ReferenceSystem {
+  ChangesDecodes(const Case& c, std::function<float(float)> change)
+      : ReferenceSystem(c), change_(std::move(change)) {}
   std::vector<float> decode(DecodeVariant v, std::span<const float> q,
                             std::optional<float> scale) override {
     std::vector<float> out = ReferenceSystem::decode(v, q, scale);
     if (!all_poison(out))
-      for (float& x : out) x *= 1 + 0x1p-12f;
+      for (std::size_t i = 0; i < (kFirstOnly ? 1 : out.size()); ++i) out[i] = change_(out[i]);
     return out;
   }
+  std::function<float(float)> change_;
 };
 
 /// A verify decode's last element left poisoned.
@@ -553,6 +531,12 @@ std::function<std::unique_ptr<System>(const Case&)> make() {
   return [](const Case& c) { return std::make_unique<S>(c); };
 }
 
+template <bool kFirstOnly>
+std::function<std::unique_ptr<System>(const Case&)> changes(std::function<float(float)> change) {
+  return
+      [change](const Case& c) { return std::make_unique<ChangesDecodes<kFirstOnly>>(c, change); };
+}
+
 /// Every wrong system is reported on a case that reaches its fault, by the check named (each runs
 /// the campaign's cases in order until one reports it).
 TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
@@ -563,13 +547,15 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
     const char* report;  ///< a part of the executor's report
   };
   const std::vector<Wrong> wrongs = {
-      {"a decode element far off", make<PerturbsADecodeElementGrossly>(),
+      {"a decode element a million times its magnitude off",
+       changes<true>([](float x) { return x + 1e6f * (std::fabs(x) + 1); }),
        "exceeds the derived bound"},
-      // Below the bound where the output is small against the V it averages: the declared
-      // check, the finer of the two, reports it first there.
-      {"a decode element off by 1e-3", make<PerturbsADecodeElement>(),
+      // 1e-3 of an element passes the bound where the output is small against the V it averages
+      // (it allows about 2^-10 of Σ p·|V|); the declared check, the finer, reports it first.
+      {"a decode element off by 1e-3", changes<true>([](float x) { return x * 1.001f; }),
        "the declared statistical check"},
-      {"every decode 2^-12 too large", make<ScalesEveryDecodeSlightly>(),
+      // 2^-12 of every output is below the bound's resolution everywhere.
+      {"every decode 2^-12 too large", changes<false>([](float x) { return x * (1 + 0x1p-12f); }),
        "the declared statistical check"},
       {"a verify element left poisoned", make<LeavesAVerifyElementPoisoned>(), "(not finite)"},
       {"written despite a device error", make<WritesDespiteADeviceError>(),
