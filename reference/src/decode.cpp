@@ -686,8 +686,8 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
         r.bound[i] = r.exact_q[i] + term_perturbation(e, j) + (2 * u16 + u16 * u16) * term_v(e, j) +
                      2 * accumulation * (1 + 2 * u16) * term_v(e, j) + small;
         r.expected[i] = noise.expected(e, j);
-        // (N4): the chains' rounding at their root-sum-square, on Σ p̂·|V|; (N5) the small
-        // terms at their worst case.
+        // (N4): the chains' rounding at their root-sum-square, on Σ p̂·|V|. The bound's small
+        // terms are in (N0)–(N1) already (V as multiplied, subnormal p) or not there at all.
         const double chains = 2 * accumulation_rms * (1 + 2 * u16) * term_v(e, j);
         r.sigma[i] = std::sqrt(noise.variance(e, j) + chains * chains);
       }

@@ -149,6 +149,54 @@ TEST(NoiseModel, AKeyAtTheTopOfItsFrameIsNotRounded) {
   EXPECT_LT(left, predicted / 100);
 }
 
+TEST(NoiseModel, AFrameReachesMaxKeysPerSplitMinusOneKeysEachWay) {
+  // Scores 5 at key 0 and 4 at key 4, −3 elsewhere: with splits of 5 keys a frame may hold keys
+  // 0 and 4 (4 apart), so key 4's p may be e^-1 and rounded; with splits of 4 it cannot, and key
+  // 4 tops every frame that holds it. Between the two, (N1) differs by key 4's term alone.
+  const int D = 64, n = 8;
+  const Geometry g = flat_geometry(1, D, D, n);
+  KvLayer l(g);
+  Rng rng(fresh_seed());
+  std::vector<double> u(D);
+  double norm = 0;
+  for (double& x : u) {
+    x = rng.normal();
+    norm += x * x;
+  }
+  HostRows r = random_rows(g, n, rng);
+  for (float& x : r.v) x = float(rng.normal());
+  std::vector<float> q(D);
+  for (int d = 0; d < D; ++d) {
+    u[std::size_t(d)] /= std::sqrt(norm);
+    for (int t = 0; t < n; ++t)
+      r.k[std::size_t(t * D + d)] = float((t == 0 ? 5 : t == 4 ? 4 : -3) * u[std::size_t(d)]);
+    q[std::size_t(d)] = float(std::sqrt(double(D)) * u[std::size_t(d)]);
+  }
+  l.append(r.f32_view());
+  const auto sigma2 = [&](std::int64_t split) {
+    const auto b = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, n, 0},
+                                              AccumulationShape{split, 2, 2, true, 1});
+    double sum = 0;
+    for (const double s : b.sigma) sum += s * s;
+    return sum;
+  };
+  // p of key 4 from the stored keys and fp16(q).
+  std::vector<double> s(n, 0.0);
+  for (int t = 0; t < n; ++t) {
+    const auto k = l.dequantized_row(Plane::k, t);
+    for (int d = 0; d < D; ++d)
+      s[std::size_t(t)] +=
+          double(k[std::size_t(d)]) * f16_bits_to_f32(f32_to_f16_bits(q[std::size_t(d)]));
+  }
+  double total = 0;
+  for (const double x : s) total += std::exp((x - s[0]) / std::sqrt(double(D)));
+  const double p4 = std::exp((s[4] - s[0]) / std::sqrt(double(D))) / total;
+  const auto v4 = fused_row(l, 4, D);
+  double predicted = 0;
+  for (int e = 0; e < D; ++e) predicted += u16 * u16 / 3 * std::pow(p4 * v4[std::size_t(e)], 2);
+  EXPECT_NEAR(sigma2(5) - sigma2(4), predicted, 0.01 * predicted);
+}
+
 TEST(NoiseModel, KeysOfOneScoreRoundTogether) {
   // 64 copies of one row: one p, one fp16 rounding, so (N1) adds up coherently to u16/√3 of
   // |Σ p·V| = |V|, not |V|/8 as 64 independent roundings would.

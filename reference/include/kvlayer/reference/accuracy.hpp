@@ -53,7 +53,7 @@ struct DecodeBound {
   /// The distance from õ to the farthest value a convex combination of the view's V could take
   /// at the element (max(õ − min V, max V − õ)): a bound this large admits any wrong weights.
   std::vector<double> convex_reach;
-  /// The statistical check's model (kvlayer/accuracy.hpp, noise model (N1)–(N5); not a bound):
+  /// The statistical check's model (kvlayer/accuracy.hpp, noise model (N0)–(N4); not a bound):
   /// õ with V as the kernels multiply it (fp16 on tensor cores), the value a correct GPU
   /// scatters around, and the RMS of that scatter. SystematicCheck tests each launch's mean of
   /// ((GPU − expected)/sigma)² against the declared threshold.
