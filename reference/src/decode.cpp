@@ -514,8 +514,9 @@ NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
     const double top = both.top(gqa + j);
     for (Eigen::Index t = 0; t < n; ++t) {
       const double x = both.scores(t, gqa + j) - top;
-      order[std::size_t(t)] = {std::isfinite(x) ? std::int64_t(std::floor(std::ldexp(x, 16)))
-                                                : std::numeric_limits<std::int64_t>::min(),
+      // Keys 2^40 below the top have p = 0 and no group (nor an int64 overflow).
+      order[std::size_t(t)] = {x > -0x1p40 ? std::int64_t(std::floor(std::ldexp(x, 16)))
+                                           : std::numeric_limits<std::int64_t>::min(),
                                t};
     }
     std::sort(order.begin(), order.end());

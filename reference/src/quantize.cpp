@@ -119,6 +119,7 @@ std::array<std::uint32_t, kBlockValues> q5_1_quants(
 }
 
 double round_to_f16(double x) {
+  if (std::fabs(x) >= 65520.0) return std::copysign(INFINITY, x);  // fp16's overflow (NaN: no)
   // Exact in f32 (the common case): f32's own conversion rounds it once, the same.
   if (const float f = float(x); double(f) == x) return f16_bits_to_f32(f32_to_f16_bits(f));
   if (!std::isfinite(x)) return x;
