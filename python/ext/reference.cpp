@@ -247,7 +247,9 @@ void bind_reference(nb::module_& m) {
                      {std::pair{&out.b.bound, &row.bound}, std::pair{&out.b.exact_q, &row.exact_q},
                       std::pair{&out.b.max_abs_v, &row.max_abs_v},
                       std::pair{&out.b.rounded, &row.rounded},
-                      std::pair{&out.b.convex_reach, &row.convex_reach}})
+                      std::pair{&out.b.convex_reach, &row.convex_reach},
+                      std::pair{&out.b.expected, &row.expected},
+                      std::pair{&out.b.sigma, &row.sigma}})
                   to->insert(to->end(), from->begin(), from->end());
               }
             }
@@ -274,6 +276,14 @@ void bind_reference(nb::module_& m) {
           "o~: the float64 decode of fp16(q), what the GPU approximates")
       .def_prop_ro("convex_reach",
                    [](const PyDecodeBound& b) { return bound_array(b, b.b.convex_reach); })
+      .def_prop_ro(
+          "expected", [](const PyDecodeBound& b) { return bound_array(b, b.b.expected); },
+          "the declared statistical check's centre: o~ with V as the kernels multiply it "
+          "(kvlayer/accuracy.hpp, noise model (N0))")
+      .def_prop_ro(
+          "sigma", [](const PyDecodeBound& b) { return bound_array(b, b.b.sigma); },
+          "the RMS of a correct GPU's scatter around expected ((N1)-(N4)); the check fails a "
+          "row whose mean of ((GPU - expected) / sigma)^2 reaches 16")
       .def_prop_ro("shape", [](const PyDecodeBound& b) {
         nb::list l;
         for (std::size_t s : b.shape) l.append(s);

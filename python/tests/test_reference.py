@@ -330,9 +330,14 @@ def test_decode_bound_is_exposed_and_covers_the_reference_itself():
     # The float64 decode of fp16(q) is exactly e_q from the reference decode.
     assert np.allclose(np.abs(b.rounded - layer.decode(q)), b.exact_q, rtol=0, atol=1e-15)
     assert np.all(b.bound >= b.exact_q)
+    # The declared statistical check's model: a scatter far inside the bound's allowance, around
+    # a centre within it of the reference.
+    assert b.sigma.shape == (8, 64) and np.all(b.sigma > 0)
+    assert np.all(b.sigma <= b.bound - b.exact_q)
+    assert np.all(np.abs(b.expected - b.rounded) <= b.bound - b.exact_q)
     rb = kref.decode_rows_bound(layer, q.reshape(2, 4, 64)[:, None].repeat(2, 1).reshape(2, 8, 64),
                                 shape)
-    assert rb.bound.shape == (2, 8, 64)
+    assert rb.bound.shape == (2, 8, 64) and rb.sigma.shape == (2, 8, 64)
     assert refusal(kref.decode_bound, layer, q, shape, view=(100, 250, 0)) == \
         "decode_bound: view [100, 250) at base 0 is not within the rows [0, 200)"
     tight = kvlayer.BoundTightness()
