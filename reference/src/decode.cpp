@@ -34,8 +34,9 @@ struct HeadCache {
   /// magnitude the f32 (or fp16 fused) dequantization rounds at.
   MatrixXdR v_dequant_mag;
   /// Gathered for a tensor-core shape only (else empty): [keys × head_dim_v] the V the kernels
-  /// multiply (accuracy.hpp (3): d·q + m fused to fp16; the f32 value in a block whose header
-  /// may take a kernel's f32 path), and in such blocks |fused − f32|, the other candidate.
+  /// multiply (accuracy.hpp (3): d·q + m fused to fp16; the f32 value for a key within a tile's
+  /// reach of a block whose header may take a kernel's f32 path), and for those keys
+  /// |fused − f32|, the other candidate (noise model (N0), (N3)).
   MatrixXdR v_fused, v_either;
   bool any_either = false;  ///< v_either has a nonzero value
   Eigen::Index first(const DecodeView& view) const { return Eigen::Index(view.begin - begin); }
