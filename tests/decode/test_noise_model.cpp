@@ -3,6 +3,7 @@
 // it, and the q5_1 values the tensor-core kernels multiply.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -31,6 +32,55 @@ std::vector<double> fused_row(const KvLayer& l, std::int64_t row, int head_dim) 
                                                        kQ5_1BlockBytes),
         std::span<double, kBlockValues>(out.data() + b * kBlockValues, kBlockValues));
   return out;
+}
+
+/// A one-KV-head layer whose key t lies along one random unit direction u with score
+/// scores[t] for the query q = √D·u (gqa 1), V ~ N(0, 1) (no block near fp16's range).
+struct AlignedKeys {
+  KvLayer layer;
+  std::vector<float> q;
+  /// p_t from the stored (quantized) keys and fp16(q), as the reference computes it.
+  std::vector<double> p() const;
+};
+
+AlignedKeys aligned_keys(const std::vector<double>& scores, int D, Rng& rng) {
+  const auto n = std::int64_t(scores.size());
+  const Geometry g = flat_geometry(1, D, D, n);
+  std::vector<double> u(static_cast<std::size_t>(D));
+  double norm = 0;
+  for (double& x : u) {
+    x = rng.normal();
+    norm += x * x;
+  }
+  HostRows r = random_rows(g, n, rng);
+  for (float& x : r.v) x = float(rng.normal());
+  AlignedKeys a{KvLayer(g), std::vector<float>(static_cast<std::size_t>(D))};
+  for (int d = 0; d < D; ++d) {
+    const double ud = u[std::size_t(d)] / std::sqrt(norm);
+    for (std::int64_t t = 0; t < n; ++t)
+      r.k[std::size_t(t * D + d)] = float(scores[std::size_t(t)] * ud);
+    a.q[std::size_t(d)] = float(std::sqrt(double(D)) * ud);
+  }
+  a.layer.append(r.f32_view());
+  return a;
+}
+
+std::vector<double> AlignedKeys::p() const {
+  const int D = layer.geometry().head_dim_k;
+  const std::int64_t n = layer.len();
+  std::vector<double> s(static_cast<std::size_t>(n), 0.0);
+  for (std::int64_t t = 0; t < n; ++t) {
+    const auto k = layer.dequantized_row(Plane::k, t);
+    for (int d = 0; d < D; ++d)
+      s[std::size_t(t)] += double(k[std::size_t(d)]) *
+                           f16_bits_to_f32(f32_to_f16_bits(q[std::size_t(d)])) /
+                           std::sqrt(double(D));
+  }
+  const double top = *std::max_element(s.begin(), s.end());
+  double total = 0;
+  for (double& x : s) total += (x = std::exp(x - top));
+  for (double& x : s) x /= total;
+  return s;
 }
 
 TEST(RoundToF16, MatchesTheF32ConversionAndRoundsTiesToEven) {
@@ -101,42 +151,17 @@ TEST(NoiseModel, ExpectedMultipliesTheValuesTheKernelsMultiply) {
 }
 
 TEST(NoiseModel, AKeyAtTheTopOfItsFrameIsNotRounded) {
-  // Two keys scoring 4 and 3 (along one unit direction u, q = √D·u): in frames of one key each
-  // both p are e^0 = 1, exact; in one frame the second key's p = e^-1 is rounded to fp16, and
-  // (N1) adds exactly u16²/3·p̂²·V² for it.
+  // Two keys scoring 4 and 3: in frames of one key each both p are e^0 = 1, exact; in one frame
+  // the second key's p = e^-1 is rounded to fp16, and (N1) adds exactly u16²/3·p̂²·V² for it.
   const int D = 64;
-  const Geometry g = flat_geometry(1, D, D, 4);
-  KvLayer l(g);
   Rng rng(fresh_seed());
-  std::vector<double> u(D);
-  double norm = 0;
-  for (double& x : u) {
-    x = rng.normal();
-    norm += x * x;
-  }
-  HostRows r = random_rows(g, 2, rng);
-  for (float& x : r.v) x = float(rng.normal());  // V ~ N(0, 1): no block near fp16's range
-  std::vector<float> q(D);
-  for (int d = 0; d < D; ++d) {
-    u[std::size_t(d)] /= std::sqrt(norm);
-    r.k[std::size_t(d)] = float(4 * u[std::size_t(d)]);
-    r.k[std::size_t(D + d)] = float(3 * u[std::size_t(d)]);
-    q[std::size_t(d)] = float(std::sqrt(double(D)) * u[std::size_t(d)]);
-  }
-  l.append(r.f32_view());
+  const AlignedKeys a = aligned_keys({4, 3}, D, rng);
   const auto apart =
-      kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(1));
+      kvlayer::ref::decode_bound(a.layer, a.q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(1));
   const auto together =
-      kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(2));
-  const auto v1 = fused_row(l, 1, D);
-  // p of the second key from the stored (quantized) keys and fp16(q): near e^-1 / (1 + e^-1).
-  double s[2] = {0, 0};
-  for (int t = 0; t < 2; ++t) {
-    const auto k = l.dequantized_row(Plane::k, t);
-    for (int d = 0; d < D; ++d)
-      s[t] += double(k[std::size_t(d)]) * f16_bits_to_f32(f32_to_f16_bits(q[std::size_t(d)]));
-  }
-  const double p1 = 1 / (1 + std::exp((s[0] - s[1]) / std::sqrt(double(D))));
+      kvlayer::ref::decode_bound(a.layer, a.q, 1, std::nullopt, {0, 2, 0}, tensor_core_shape(2));
+  const auto v1 = fused_row(a.layer, 1, D);
+  const double p1 = a.p()[1];  // near e^-1 / (1 + e^-1); K is quantized
   double added = 0, predicted = 0;
   for (int e = 0; e < D; ++e) {
     added += std::pow(together.sigma[std::size_t(e)], 2) - std::pow(apart.sigma[std::size_t(e)], 2);
@@ -154,44 +179,17 @@ TEST(NoiseModel, AFrameReachesMaxKeysPerSplitMinusOneKeysEachWay) {
   // 0 and 4 (4 apart), so key 4's p may be e^-1 and rounded; with splits of 4 it cannot, and key
   // 4 tops every frame that holds it. Between the two, (N1) differs by key 4's term alone.
   const int D = 64, n = 8;
-  const Geometry g = flat_geometry(1, D, D, n);
-  KvLayer l(g);
   Rng rng(fresh_seed());
-  std::vector<double> u(D);
-  double norm = 0;
-  for (double& x : u) {
-    x = rng.normal();
-    norm += x * x;
-  }
-  HostRows r = random_rows(g, n, rng);
-  for (float& x : r.v) x = float(rng.normal());
-  std::vector<float> q(D);
-  for (int d = 0; d < D; ++d) {
-    u[std::size_t(d)] /= std::sqrt(norm);
-    for (int t = 0; t < n; ++t)
-      r.k[std::size_t(t * D + d)] = float((t == 0 ? 5 : t == 4 ? 4 : -3) * u[std::size_t(d)]);
-    q[std::size_t(d)] = float(std::sqrt(double(D)) * u[std::size_t(d)]);
-  }
-  l.append(r.f32_view());
+  const AlignedKeys a = aligned_keys({5, -3, -3, -3, 4, -3, -3, -3}, D, rng);
   const auto sigma2 = [&](std::int64_t split) {
-    const auto b = kvlayer::ref::decode_bound(l, q, 1, std::nullopt, {0, n, 0},
+    const auto b = kvlayer::ref::decode_bound(a.layer, a.q, 1, std::nullopt, {0, n, 0},
                                               AccumulationShape{split, 2, 2, true, 1});
     double sum = 0;
     for (const double s : b.sigma) sum += s * s;
     return sum;
   };
-  // p of key 4 from the stored keys and fp16(q).
-  std::vector<double> s(n, 0.0);
-  for (int t = 0; t < n; ++t) {
-    const auto k = l.dequantized_row(Plane::k, t);
-    for (int d = 0; d < D; ++d)
-      s[std::size_t(t)] +=
-          double(k[std::size_t(d)]) * f16_bits_to_f32(f32_to_f16_bits(q[std::size_t(d)]));
-  }
-  double total = 0;
-  for (const double x : s) total += std::exp((x - s[0]) / std::sqrt(double(D)));
-  const double p4 = std::exp((s[4] - s[0]) / std::sqrt(double(D))) / total;
-  const auto v4 = fused_row(l, 4, D);
+  const double p4 = a.p()[4];
+  const auto v4 = fused_row(a.layer, 4, D);
   double predicted = 0;
   for (int e = 0; e < D; ++e) predicted += u16 * u16 / 3 * std::pow(p4 * v4[std::size_t(e)], 2);
   EXPECT_NEAR(sigma2(5) - sigma2(4), predicted, 0.01 * predicted);
