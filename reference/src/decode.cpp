@@ -80,7 +80,6 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
     c.v_either.setZero(n, g.head_dim_v);
   }
   std::array<double, kBlockValues> fused{};
-  std::vector<bool> wide_rows(tensor_core ? static_cast<std::size_t>(n) : 0, false);
   // One buffer per plane for the whole view (dequantized_head would allocate per row).
   std::vector<float> k(std::size_t(g.head_dim_k)), v(std::size_t(g.head_dim_v));
   for (std::int64_t t = 0; t < n; ++t) {
@@ -98,12 +97,11 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
         c.v_dequant_mag(t, b + j) = std::fabs(x - m) + std::fabs(m);
       }
       if (!tensor_core) continue;
-      const bool wide = dequantize_q5_1_block_fused_f16(
+      dequantize_q5_1_block_fused_f16(
           std::span<const std::uint8_t, kQ5_1BlockBytes>(
               v_bytes.data() + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes),
           fused);
       for (int j = 0; j < kBlockValues; ++j) c.v_fused(t, b + j) = fused[std::size_t(j)];
-      wide_rows[std::size_t(t)] = wide_rows[std::size_t(t)] || wide;
     }
   }
   if (tensor_core) {
@@ -115,15 +113,11 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
     for (std::int64_t t = -reach; t < n + reach; ++t) {
       bool wide = false;
       const std::int64_t phys = view.begin + t - view.base;
-      if (t >= 0 && t < n) {
-        wide = wide_rows[std::size_t(t)];
-      } else if (phys >= 0 && phys < g.rows()) {
+      if (phys >= 0 && phys < g.rows()) {
         const std::span<const std::uint8_t> bytes = layer.head_bytes(Plane::v, phys, kv_head);
         for (int b = 0; b < g.head_dim_v / kBlockValues && !wide; ++b)
-          wide = dequantize_q5_1_block_fused_f16(
-              std::span<const std::uint8_t, kQ5_1BlockBytes>(bytes.data() + b * kQ5_1BlockBytes,
-                                                             kQ5_1BlockBytes),
-              fused);
+          wide = q5_1_header_may_be_wide(std::span<const std::uint8_t, kQ5_1BlockBytes>(
+              bytes.data() + b * kQ5_1BlockBytes, kQ5_1BlockBytes));
       }
       before[std::size_t(t + reach) + 1] = before[std::size_t(t + reach)] + (wide ? 1 : 0);
     }

@@ -129,14 +129,18 @@ double round_to_f16(double x) {
   return std::fabs(r) > 65504.0 ? std::copysign(INFINITY, x) : r;
 }
 
-bool dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
+void dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
                                      std::span<double, kBlockValues> out) {
   const double d = f16_bits_to_f32(load_u16(in.data()));
   const double m = q5_1_block_min(in);
   const auto q = q5_1_quants(in);
   // Exact in double (d·q + m spans < 41 bits), then rounded once.
   for (int j = 0; j < kBlockValues; ++j) out[j] = round_to_f16(d * double(q[std::size_t(j)]) + m);
-  return !(std::fabs(d) <= 1024 && std::fabs(m) <= 32768);
+}
+
+bool q5_1_header_may_be_wide(std::span<const std::uint8_t, kQ5_1BlockBytes> in) {
+  const double d = f16_bits_to_f32(load_u16(in.data())), m = q5_1_block_min(in);
+  return !(std::fabs(d) <= 1024 && std::fabs(m) <= 32768);  // NaN: wide
 }
 
 void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,

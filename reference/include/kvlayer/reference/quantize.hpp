@@ -30,11 +30,13 @@ void dequantize_q5_1_block(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
 float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in);
 
 /// The values the tensor-core kernels multiply for one q5_1 block (kvlayer/accuracy.hpp (3)):
-/// each exact d·q + m rounded once to fp16 (RNE; one fused multiply-add). Returns true when the
-/// header may send some kernel to its f32 path instead (|d| > 1024 or |m| > 32768, or a
-/// non-finite d or m): such a block's values are either these or the f32 ones.
-bool dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
+/// each exact d·q + m rounded once to fp16 (RNE; one fused multiply-add).
+void dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
                                      std::span<double, kBlockValues> out);
+
+/// True when a q5_1 header may send some kernel to its f32 path for the block's key tile
+/// (|d| > 1024 or |m| > 32768, or a non-finite d or m; the kernels' v_header_maybe_wide).
+bool q5_1_header_may_be_wide(std::span<const std::uint8_t, kQ5_1BlockBytes> in);
 
 /// x rounded to the nearest fp16 value (ties to even; ±inf beyond fp16's range).
 double round_to_f16(double x);
