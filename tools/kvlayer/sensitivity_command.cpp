@@ -203,31 +203,26 @@ double launch_z(const std::vector<double>& got, const ref::DecodeBound& b) {
                   std::fabs(c.current_z(ref::SystematicCheck::constant)));
 }
 
-/// The declared check's energy, mean(((x − expected)/sigma)²) over each output row's elements
-/// with a sigma (ref::SystematicCheck, accuracy.hpp's noise model): the largest over the rows
-/// (a verify's row is the decode of its own view, the check's unit).
-double launch_energy(const std::vector<double>& x, const ref::DecodeBound& b, int rows) {
-  const std::size_t per_row = x.size() / std::size_t(rows);
-  double worst = 0;
-  for (int r = 0; r < rows; ++r) {
-    double sum = 0;
-    std::size_t n = 0;
-    for (std::size_t i = std::size_t(r) * per_row; i < std::size_t(r + 1) * per_row; ++i)
-      if (b.sigma[i] > 0) {
-        sum += std::pow((x[i] - b.expected[i]) / b.sigma[i], 2);
-        ++n;
-      }
-    if (n) worst = std::max(worst, sum / double(n));
-  }
-  return worst;
-}
+/// The declared check (ref::SystematicCheck, accuracy.hpp's noise model) over x, row by row (a
+/// verify's row is the decode of its own view, the check's unit): the largest row energy,
+/// mean(((x − expected)/sigma)²), and the largest |x − expected|/sigma.
+struct Declared {
+  double energy = 0, ratio = 0;
+};
 
-/// The largest |x − expected| / sigma over the output.
-double noise_ratio(const std::vector<double>& x, const ref::DecodeBound& b) {
-  double worst = 0;
-  for (std::size_t i = 0; i < x.size(); ++i)
-    if (b.sigma[i] > 0) worst = std::max(worst, std::fabs(x[i] - b.expected[i]) / b.sigma[i]);
-  return worst;
+Declared declared_check(const std::vector<double>& x, const ref::DecodeBound& b, int rows) {
+  const std::size_t per_row = x.size() / std::size_t(rows);
+  ref::SystematicCheck c;
+  Declared d;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    c.record(x[i], b.rounded[i], b, i);
+    if ((i + 1) % per_row == 0) {
+      d.energy = std::max(d.energy, c.current_energy());
+      c.end_launch();
+    }
+  }
+  d.ratio = c.max_noise_ratio();
+  return d;
 }
 
 /// --save / --load: a GPU decode's output and accumulation shape, so that the sweep can be
@@ -450,8 +445,9 @@ int run(const std::vector<std::string>& args) {
             }
             const std::vector<double> seen = on_gpu(got, planted, clean);
             if (caught == 0 && worst_ratio(seen, clean_ref, b) > 1) caught = e;
-            if (sigmas == 0 && noise_ratio(seen, b) >= level) sigmas = e;
-            const double energy = launch_energy(seen, b, rows);
+            const Declared check = declared_check(seen, b, rows);
+            if (sigmas == 0 && check.ratio >= level) sigmas = e;
+            const double energy = check.energy;
             if (declared == 0 && energy >= tau) declared = e;
             if (e == 12) e12 = energy;
           }
@@ -486,11 +482,12 @@ int run(const std::vector<std::string>& args) {
         }
         if (gpu) {
           const std::vector<double> seen(got.begin(), got.end());
-          if (launch_energy(seen, b, rows) >= tau)
+          const Declared check = declared_check(seen, b, rows);
+          if (check.energy >= tau)
             misses.push_back("D " + std::to_string(D) + ", " + std::to_string(keys) + " keys, " +
                              data_name(data) + ": the clean launch alarms");
           std::printf(" %9.3g,%6.3g,%6.3g,%8.3g", worst_ratio(seen, clean_ref, b),
-                      launch_z(seen, b), noise_ratio(seen, b), launch_energy(seen, b, rows));
+                      launch_z(seen, b), check.ratio, check.energy);
         } else {
           std::printf(" %16.3g", worst_ratio(clean, clean_ref, b));
         }
