@@ -17,6 +17,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -544,7 +545,9 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
   struct Wrong {
     const char* name;
     std::function<std::unique_ptr<System>(const Case&)> make;
-    const char* report;  ///< a part of the executor's report
+    /// A part of the executor's report; "a|b": either (a bug the first failing case may show
+    /// by either of two checks, depending on the draws).
+    const char* report;
   };
   const std::vector<Wrong> wrongs = {
       {"a decode element a million times its magnitude off",
@@ -565,7 +568,8 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
       {"refusals swallowed", make<SwallowsRefusals>(), "system accepted"},
       {"an eager decode one ulp off", make<EagerDiffersFromTheReplay>(), "(must be bit-identical)"},
       {"an eager decode one value short", make<EagerIsShort>(), "eager output has"},
-      {"a verify chain round unaccounted", make<VerifyChainSkipsAccountSteps>(), "counters differ"},
+      {"a verify chain round unaccounted", make<VerifyChainSkipsAccountSteps>(),
+       "counters differ|eager calls for 2 rounds"},
       {"an append's last byte unwritten", make<LeavesTheLastByteUnwritten>(), "K plane differs"},
       {"two batch positions swapped", make<WithBatch<SwapsTwoBatchPositions>>(), "position 0"},
       {"a batch position past the list written", make<WithBatch<WritesPastTheList>>(),
@@ -582,7 +586,14 @@ TEST(ReferenceSystem, EverySystemThatGetsOneThingWrongIsReported) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::cout << w.name << ": case " << index << " (" << seconds << " s): " << report.substr(0, 300)
               << "\n";
-    EXPECT_NE(report.find(w.report), std::string::npos) << w.name << ": " << report;
+    bool found = false;
+    for (std::string_view rest = w.report; !found;) {
+      const std::size_t bar = rest.find('|');
+      found = report.find(rest.substr(0, bar)) != std::string::npos;
+      if (bar == std::string_view::npos) break;
+      rest.remove_prefix(bar + 1);
+    }
+    EXPECT_TRUE(found) << w.name << ": expected \"" << w.report << "\" in: " << report;
   }
 }
 
