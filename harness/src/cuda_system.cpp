@@ -339,9 +339,9 @@ class CudaSystem final : public System {
         len - base > layer_.rows())
       return;
     const cuda::DecodeLaunchInfo info = layer_.decode_launch(queries, len - begin);
-    coverage_.record(LaunchRecord{instance_name(info.kernel, g.head_dim_k, info.rows_per_block, info.folded),
-                                  info.loop_trips,
-                                  info.active_splits, queries, g.is_ring() && base > 0});
+    coverage_.record(
+        LaunchRecord{instance_name(info.kernel, g.head_dim_k, info.rows_per_block, info.folded),
+                     info.loop_trips, info.active_splits, queries, g.is_ring() && base > 0});
   }
 
   cudaStream_t stream() const { return layer_.stream(); }

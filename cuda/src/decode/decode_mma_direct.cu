@@ -840,10 +840,10 @@ __device__ __forceinline__ void split_mma_direct(const SplitParams& p, const Pla
   if constexpr (kFold) fold_tail<kD, kHeads, kThreads>(p, range, &o_s[0][0][0], Block::kSite);
 }
 
-#define KVLAYER_DIRECT_LAUNCH_BOUNDS(kD, kNT, kBulk)                                         \
-  __launch_bounds__(kThreads,                                                               \
-                    split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, \
-                                        kD, 8 * kNT))
+#define KVLAYER_DIRECT_LAUNCH_BOUNDS(kD, kNT, kBulk) \
+  __launch_bounds__(                                 \
+      kThreads,                                      \
+      split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, kD, 8 * kNT))
 
 /// One block per (split, KV head) of a decode or verify decode whose merge is merge.cu's.
 template <int kD, int kNT, bool kBulk, bool kBatch>
@@ -960,8 +960,8 @@ PlaneMaps plane_maps(const SplitParams& sp) {
 
 cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
-  const DirectInstance k = direct_kernel(head_dim, rows, sp.batch.list.slots != nullptr,
-                                         sp.fold_counters != nullptr);
+  const DirectInstance k =
+      direct_kernel(head_dim, rows, sp.batch.list.slots != nullptr, sp.fold_counters != nullptr);
   if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
   const PlaneMaps maps = k.smem > 0 ? plane_maps(sp) : PlaneMaps{};
   k.kernel<<<grid, kThreads, k.smem, stream>>>(sp, maps);
