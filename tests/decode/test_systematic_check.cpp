@@ -175,9 +175,12 @@ TEST(SystematicCheck, TheEnergyAveragesTheLaunchAndAlarmsAtTheThreshold) {
     sg[e] = std::ldexp(std::fabs(o[e]) + 0x1p-10, -12);
     d[e] = sg[e] * (rng.uniform() - 0.5) / 4;  // clean: an eighth of a sigma at most
   }
+  // The residual as the check sees it: got − expected of the got that launch() records (o + d
+  // rounds to double, so d alone would differ from it by up to 2^-39 of itself).
   const auto energy_at = [&](double beta) {
     double sum = 0;
-    for (std::size_t e = 0; e < o.size(); ++e) sum += std::pow((d[e] + beta * o[e]) / sg[e], 2);
+    for (std::size_t e = 0; e < o.size(); ++e)
+      sum += std::pow((o[e] + d[e] + beta * o[e] - o[e]) / sg[e], 2);
     return sum / double(o.size());
   };
   const auto launch = [&](SystematicCheck& c, double beta) {
