@@ -31,7 +31,8 @@ __host__ __device__ constexpr int fold_merge_floats(int head_dim, int max_rows) 
 /// head, row block)'s counter.
 __device__ inline bool fold_arrive(const SplitParams& p, const SplitRange& r, MutantSite site) {
   __shared__ int last_s;
-  __threadfence();  // release: this thread's partial before the block's arrival
+  // The block's partial stores, ordered by the barrier before thread 0's release (cumulative);
+  // a fence in every thread (fence.sc) cost more than the merge kernel's launch.
   __syncthreads();
   if (threadIdx.x == 0) {
     unsigned modulus = unsigned(r.arrivals) - 1;
@@ -45,9 +46,12 @@ __device__ inline bool fold_arrive(const SplitParams& p, const SplitRange& r, Mu
       ticket = 0;  // planted bug: split 0 does not count its arrival
       KVLAYER_MUTANT_REACHED(site);
     } else {
-      ticket = atomicInc(p.fold_counters + r.kv * gridDim.z + blockIdx.z, modulus);
+      // acq_rel: releases this block's partial; acquires those of the blocks before it.
+      asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                   : "=r"(ticket)
+                   : "l"(p.fold_counters + r.kv * gridDim.z + blockIdx.z), "r"(modulus)
+                   : "memory");
     }
-    __threadfence();  // acquire: the partials of every block that arrived before this one
     last_s = ticket == modulus;
   }
   __syncthreads();
