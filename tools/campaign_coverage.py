@@ -11,7 +11,7 @@ usage: campaign_coverage.py LOG...   (exit 1 when a floor is unmet or no log has
 import re
 import sys
 
-ROW = re.compile(r"^  (\S+ d\d+ r\d+(?: fold)?)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$")
+ROW = re.compile(r"^  (\S+ d\d+ r\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s*$")
 EXTRA = re.compile(r"verify T > 16: (\d+); ring views past base over >= 2 splits: (\d+); "
                    r"rebases of >= 2 units: (\d+)")
 BATCH = re.compile(r"batch decodes of >= 2 sequences: (\d+); of ring sequences at different "

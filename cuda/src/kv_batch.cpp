@@ -144,7 +144,6 @@ KvBatch::KvBatch(const Geometry& geometry, int n_q_heads, int max_batch, cudaStr
   const DeviceGuard on(s.device);
   s.plan = s.first().decode_plan;
   s.plan.batch = true;
-  s.plan.fold_counters = 0;  // a batch's launches merge in the merge kernel (decode_folds)
   std::vector<detail::SequenceSlot> slots;
   for (KvLayer& layer : s.layers) {
     KvLayer::State& l = *layer.s_;

@@ -100,10 +100,8 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
   s.counters = DeviceBuffer(2 * sizeof(std::int32_t));
   s.status = DeviceBuffer(sizeof(DeviceStatus));
   s.scratch = DeviceBuffer(s.decode_plan.scratch_bytes);
-  s.fold_counters = DeviceBuffer(std::size_t(s.decode_plan.fold_counters) * sizeof(unsigned));
   // SPEC §5: all bytes zero at construction (the reference's planes are zeroed too).
-  for (const DeviceBuffer* b :
-       {&s.k_plane, &s.v_plane, &s.counters, &s.status, &s.scratch, &s.fold_counters})
+  for (const DeviceBuffer* b : {&s.k_plane, &s.v_plane, &s.counters, &s.status, &s.scratch})
     if (b->bytes() > 0) KVLAYER_CUDA_TRY(cudaMemsetAsync(b->get(), 0, b->bytes(), stream));
   KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
 }
@@ -424,8 +422,7 @@ DecodePlanInfo KvLayer::decode_plan() const {
                         p.max_keys_per_split,
                         p.scratch_bytes,
                         detail::split_kernel_name(choice.kernel),
-                        choice.rows,
-                        detail::decode_folds(p, 0)};
+                        choice.rows};
 }
 
 std::vector<DecodeInstance> decode_instances() {
@@ -436,18 +433,14 @@ std::vector<DecodeInstance> decode_instances() {
       for (const auto kernel : {DecodeOptions::Kernel::mma, DecodeOptions::Kernel::cuda_core})
         for (const auto rows : {DecodeOptions::Rows::split, DecodeOptions::Rows::whole}) {
           DecodeOptions o;
-          o.fold_kib = DecodeOptions::kMaxFoldKib;  // every instance that can fold does
           o.kernel = kernel;
           o.rows = rows;
           detail::DecodePlan plan = detail::plan_decode(1, d, gqa, kAnyView, kAnySms, o);
           detail::plan_verify(plan, kMaxVerify, kAnyView, kAnySms);
           for (int t = 0; t <= kMaxVerify; ++t) {
             const detail::SplitChoice c = detail::select_split_kernel(plan, t);
-            for (const bool fold : {false, true}) {
-              if (fold && !(detail::decode_folds(plan, t))) continue;
-              const DecodeInstance i{detail::split_kernel_name(c.kernel), d, c.rows, fold};
-              if (std::find(all.begin(), all.end(), i) == all.end()) all.push_back(i);
-            }
+            const DecodeInstance i{detail::split_kernel_name(c.kernel), d, c.rows};
+            if (std::find(all.begin(), all.end(), i) == all.end()) all.push_back(i);
           }
         }
   return all;
@@ -469,8 +462,7 @@ DecodeLaunchInfo KvLayer::decode_launch(int queries, std::int64_t view_keys) con
                           l.grid.n_splits,
                           l.active_splits,
                           l.keys_per_split,
-                          l.loop_trips,
-                          detail::decode_folds(s_->decode_plan, queries)};
+                          l.loop_trips};
 }
 
 kvlayer::AccumulationShape KvLayer::accumulation_shape() const {

@@ -39,9 +39,6 @@ struct KvLayer::State {
   DeviceBuffer counters;  ///< int32[2]: len_d, base_d
   DeviceBuffer status;    ///< DeviceStatus
   DeviceBuffer scratch;   ///< decode split scratch
-  /// A folded decode's arrival counters (decode_plan.fold_counters), zeroed at construction;
-  /// every launch leaves them 0.
-  DeviceBuffer fold_counters;
   std::int64_t len = 0, base = 0;
   /// No state-changing call accepted since construction (kv_layer.hpp, fresh()): a restore
   /// needs all-zero planes and counters.
@@ -196,7 +193,6 @@ struct KvLayer::State {
     a.out = out;
     a.scale = scale.value_or(detail::default_scale_mutant(kvlayer::default_scale(g.head_dim_k)));
     a.scratch = scratch.get();
-    a.fold_counters = fold_counters.as<unsigned>();
     a.status = dstatus();
     KVLAYER_CUDA_TRY_NAMED(detail::launch_decode(a, decode_plan, stream), "launch_decode");
   }

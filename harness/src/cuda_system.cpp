@@ -18,9 +18,8 @@ namespace {
 using cuda::DeviceBuffer;
 
 /// A kernel instance as the coverage table names it: "mma_direct d128 r8".
-std::string instance_name(const char* kernel, int head_dim, int rows, bool fold) {
-  return std::string(kernel) + " d" + std::to_string(head_dim) + " r" + std::to_string(rows) +
-         (fold ? " fold" : "");
+std::string instance_name(const char* kernel, int head_dim, int rows) {
+  return std::string(kernel) + " d" + std::to_string(head_dim) + " r" + std::to_string(rows);
 }
 
 cuda::DecodeOptions decode_options(const DecodeChoice& choice) {
@@ -33,7 +32,6 @@ cuda::DecodeOptions decode_options(const DecodeChoice& choice) {
   if (choice.split_balance) o.split_balance = *choice.split_balance;
   o.max_verify_splits = choice.max_verify_splits;
   if (choice.batch_waves) o.batch_waves = *choice.batch_waves;
-  if (choice.fold_kib) o.fold_kib = *choice.fold_kib;
   return o;
 }
 
@@ -339,9 +337,9 @@ class CudaSystem final : public System {
         len - base > layer_.rows())
       return;
     const cuda::DecodeLaunchInfo info = layer_.decode_launch(queries, len - begin);
-    coverage_.record(
-        LaunchRecord{instance_name(info.kernel, g.head_dim_k, info.rows_per_block, info.folded),
-                     info.loop_trips, info.active_splits, queries, g.is_ring() && base > 0});
+    coverage_.record(LaunchRecord{instance_name(info.kernel, g.head_dim_k, info.rows_per_block),
+                                  info.loop_trips,
+                                  info.active_splits, queries, g.is_ring() && base > 0});
   }
 
   cudaStream_t stream() const { return layer_.stream(); }
@@ -448,7 +446,7 @@ bool cuda_device_available() {
 std::vector<std::string> cuda_selectable_instances() {
   std::vector<std::string> names;
   for (const cuda::DecodeInstance& i : cuda::decode_instances())
-    names.push_back(instance_name(i.kernel, i.head_dim, i.rows, i.fold));
+    names.push_back(instance_name(i.kernel, i.head_dim, i.rows));
   return names;
 }
 

@@ -244,9 +244,6 @@ DecodeChoice draw_decode_choice(const DrawLimits& limits) {
   // A batch decode's schedule: one wave (the longest blocks, one split per view where the batch
   // is large) or 64 (the finest cut the balance allows).
   if (const int w = *rc::gen::inRange(0, 6); w >= 4) d.batch_waves = w == 4 ? 1 : 64;
-  // The fold: never (the merge kernel at short views) or the largest (long views' grids, many
-  // splits merged in one block).
-  if (const int f = *rc::gen::inRange(0, 6); f >= 4) d.fold_kib = f == 4 ? 0 : 1024;
   if (limits.rows) d.rows = limits.rows;
   if (limits.kernel) d.kernel = limits.kernel;
   return d;

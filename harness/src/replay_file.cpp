@@ -173,7 +173,6 @@ json decode_json(const DecodeChoice& d) {
   if (d.split_balance) j["split_balance"] = *d.split_balance;
   if (d.max_verify_splits != 0) j["max_verify_splits"] = d.max_verify_splits;
   if (d.batch_waves) j["batch_waves"] = *d.batch_waves;
-  if (d.fold_kib) j["fold_kib"] = *d.fold_kib;
   return j;
 }
 
@@ -192,7 +191,7 @@ DecodeChoice decode_of(const json& j) {
   if (!j.is_object()) malformed("decode", "expected an object");
   for (const auto& [key, value] : j.items())
     if (key != "kernel" && key != "rows" && key != "split_balance" && key != "max_verify_splits" &&
-        key != "batch_waves" && key != "fold_kib")
+        key != "batch_waves")
       malformed("decode", "unknown field '" + key + "'");
   DecodeChoice d;
   if (j.contains("kernel")) d.kernel = DecodeChoice::Kernel(one_of(j, "kernel", kKernels));
@@ -202,7 +201,6 @@ DecodeChoice decode_of(const json& j) {
   if (j.contains("max_verify_splits"))
     d.max_verify_splits = int(integer(j, "max_verify_splits", "decode", 0, 1024));
   if (j.contains("batch_waves")) d.batch_waves = int(integer(j, "batch_waves", "decode", 1, 64));
-  if (j.contains("fold_kib")) d.fold_kib = int(integer(j, "fold_kib", "decode", 0, 1024));
   return d;
 }
 

@@ -263,7 +263,6 @@ void bind_cuda(nb::module_& m) {
         d["scratch_bytes"] = p.scratch_bytes;
         d["kernel"] = std::string(p.kernel);
         d["rows_per_block"] = p.rows_per_block;
-        d["folded"] = p.folded;
         return d;
       });
 }

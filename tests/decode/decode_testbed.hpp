@@ -74,13 +74,11 @@ class DecodeBed {
         q_(std::size_t(n_q_heads()) * g.head_dim_k * sizeof(float)),
         out_(std::size_t(n_q_heads()) * g.head_dim_v * sizeof(float)),
         scratch_(plan.scratch_bytes),
-        fold_counters_(fold_bytes(plan)),
         len_d_(sizeof(std::int32_t)),
         base_d_(sizeof(std::int32_t)),
         status_(sizeof(DeviceStatus)) {
     KVLAYER_CUDA_TRY(cudaMemset(k_.get(), 0, k_.bytes()));
     KVLAYER_CUDA_TRY(cudaMemset(v_.get(), 0, v_.bytes()));
-    zero_fold_counters();
     clear_status();
   }
 
@@ -90,18 +88,6 @@ class DecodeBed {
   void set_plan(const DecodePlan& plan) {
     plan_ = plan;
     if (scratch_.bytes() < plan.scratch_bytes) scratch_ = DeviceBuffer(plan.scratch_bytes);
-    if (fold_counters_.bytes() < fold_bytes(plan)) {
-      fold_counters_ = DeviceBuffer(fold_bytes(plan));
-      zero_fold_counters();
-    }
-  }
-  /// The fold's arrival counters (plan().fold_counters of them): 0 after every launch.
-  std::vector<unsigned> read_fold_counters() const {
-    std::vector<unsigned> c(std::size_t(plan_.fold_counters));
-    if (!c.empty())
-      KVLAYER_CUDA_TRY(cudaMemcpy(c.data(), fold_counters_.get(), c.size() * sizeof(unsigned),
-                                  cudaMemcpyDeviceToHost));
-    return c;
   }
 
   void upload_planes(const ref::KvLayer& layer) {
@@ -175,23 +161,14 @@ class DecodeBed {
     a.out = out_.as<float>();
     a.scale = scale;
     a.scratch = scratch_.get();
-    a.fold_counters = fold_counters_.as<unsigned>();
     a.status = status_.as<DeviceStatus>();
     return a;
-  }
-  static std::size_t fold_bytes(const DecodePlan& plan) {
-    return std::size_t(plan.fold_counters) * sizeof(unsigned);
-  }
-  // Zeroed as a layer zeroes them (poison() leaves them: every launch must leave them 0).
-  void zero_fold_counters() {
-    if (fold_counters_.bytes() > 0)
-      KVLAYER_CUDA_TRY(cudaMemset(fold_counters_.get(), 0, fold_counters_.bytes()));
   }
 
   Geometry geometry_;
   int gqa_;
   DecodePlan plan_;
-  DeviceBuffer k_, v_, q_, out_, scratch_, fold_counters_, len_d_, base_d_, status_;
+  DeviceBuffer k_, v_, q_, out_, scratch_, len_d_, base_d_, status_;
 };
 
 /// True when every byte of out is the poison pattern (the kernel wrote nothing).

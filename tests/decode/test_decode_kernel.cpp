@@ -372,11 +372,11 @@ TEST(DecodePlan, PlannerIgnoresTheEnvironment) {
 // from_environment reads the four variables and refuses anything else, naming the value.
 TEST(DecodeOptions, FromTheEnvironment) {
   const char* vars[] = {"KVLAYER_DECODE_ROWS", "KVLAYER_DECODE_KERNEL", "KVLAYER_SPLIT_BALANCE",
-                        "KVLAYER_BATCH_WAVES", "KVLAYER_DECODE_FOLD_KIB"};
+                        "KVLAYER_BATCH_WAVES"};
   struct Restore {
     const char* const* vars;
     ~Restore() {
-      for (int i = 0; i < 5; ++i) ::unsetenv(vars[i]);
+      for (int i = 0; i < 4; ++i) ::unsetenv(vars[i]);
     }
   } restore{vars};
   for (const char* v : vars) ::unsetenv(v);
@@ -385,9 +385,7 @@ TEST(DecodeOptions, FromTheEnvironment) {
   ::setenv("KVLAYER_DECODE_KERNEL", "cuda_core", 1);
   ::setenv("KVLAYER_SPLIT_BALANCE", "17", 1);
   ::setenv("KVLAYER_BATCH_WAVES", "9", 1);
-  ::setenv("KVLAYER_DECODE_FOLD_KIB", "0", 1);
   const auto o = cuda::DecodeOptions::from_environment();
-  EXPECT_EQ(o.fold_kib, 0);
   EXPECT_EQ(o.rows, cuda::DecodeOptions::Rows::whole);
   EXPECT_EQ(o.kernel, cuda::DecodeOptions::Kernel::cuda_core);
   EXPECT_EQ(o.split_balance, 17);
@@ -419,62 +417,6 @@ TEST(DecodeOptions, FromTheEnvironment) {
     expect_refused(
         "KVLAYER_BATCH_WAVES", bad,
         std::string("DecodeOptions: KVLAYER_BATCH_WAVES=") + bad + " is outside [1, 64]");
-  for (const char* bad : {"-1", "1025", "64k", ""})
-    expect_refused(
-        "KVLAYER_DECODE_FOLD_KIB", bad,
-        std::string("DecodeOptions: KVLAYER_DECODE_FOLD_KIB=") + bad + " is outside [0, 1024]");
-}
-
-// The fold (decode_folds): the direct kernel's plans whose partials per (KV head, row block) fit
-// the budget, one counter per (KV head, row block); never a CUDA-core, staged, batch or verify
-// launch.
-TEST(DecodePlan, FoldWhereThePartialsFitTheBudget) {
-  using cuda::detail::decode_folds;
-  using cuda::detail::fold_partial_bytes;
-  cuda::DecodeOptions o;
-  // 8 × 128 gqa 8 at 1K: 16 splits of 8 rows × 128 f32 = 64 KiB per KV head.
-  auto p = plan_decode(8, 128, 8, 1024, 132, o);
-  EXPECT_EQ(fold_partial_bytes(p), 16 * 8 * 128 * 4);
-  EXPECT_EQ(p.fold_counters, 8);
-  EXPECT_TRUE(decode_folds(p, 0));
-  EXPECT_FALSE(decode_folds(p, 1));  // a verify of one query: the verify grid, merged
-  EXPECT_FALSE(decode_folds(p, 2));
-  p.batch = true;
-  EXPECT_FALSE(decode_folds(p, 0));
-  // At 128K: 49 splits = 196 KiB, above the default, within the largest budget.
-  EXPECT_EQ(plan_decode(8, 128, 8, 131072, 132, o).fold_counters, 0);
-  o.fold_kib = cuda::DecodeOptions::kMaxFoldKib;
-  EXPECT_EQ(plan_decode(8, 128, 8, 131072, 132, o).fold_counters, 8);
-  // Two row blocks per KV head (gqa 16 split): a counter each.
-  o.rows = cuda::DecodeOptions::Rows::split;
-  EXPECT_EQ(plan_decode(2, 128, 16, 4096, 132, o).fold_counters, 4);
-  o.rows = cuda::DecodeOptions::Rows::whole;
-  EXPECT_EQ(plan_decode(2, 128, 16, 4096, 132, o).fold_counters, 2);
-  o.rows = cuda::DecodeOptions::Rows::automatic;
-  // The budget is inclusive: exactly 64 KiB folds at 64, not at 63.
-  o.fold_kib = 64;
-  EXPECT_EQ(plan_decode(8, 128, 8, 1024, 132, o).fold_counters, 8);
-  o.fold_kib = 63;
-  EXPECT_EQ(plan_decode(8, 128, 8, 1024, 132, o).fold_counters, 0);
-  o.fold_kib = 0;
-  EXPECT_EQ(plan_decode(8, 128, 8, 1024, 132, o).fold_counters, 0);
-  // Kernels that do not fold: head dim 64 (staged), the CUDA cores.
-  o.fold_kib = cuda::DecodeOptions::kMaxFoldKib;
-  EXPECT_EQ(plan_decode(8, 64, 8, 1024, 132, o).fold_counters, 0);
-  o.kernel = cuda::DecodeOptions::Kernel::cuda_core;
-  EXPECT_EQ(plan_decode(8, 128, 8, 1024, 132, o).fold_counters, 0);
-  // Out of range: refused, naming the value and the range.
-  for (const int bad : {-1, cuda::DecodeOptions::kMaxFoldKib + 1}) {
-    cuda::DecodeOptions b;
-    b.fold_kib = bad;
-    try {
-      plan_decode(8, 128, 8, 1024, 132, b);
-      ADD_FAILURE() << "fold_kib " << bad << " not refused";
-    } catch (const Error& e) {
-      EXPECT_EQ(std::string(e.what()), "plan_decode: fold_kib " + std::to_string(bad) +
-                                           " is outside [0, 1024] (0: no fold)");
-    }
-  }
 }
 
 // A batch decode's grid: batch_waves resident waves of split blocks per KV head, plus one per
@@ -1091,89 +1033,6 @@ TEST(DecodeMerge, ManySplitsAreMergedAcrossChunks) {
   }
 }
 
-// A folded decode (its last blocks merge) against the merge kernel on the same grid: bit for
-// bit, at every count of active splits from 1 to the grid's, at 0 and 1 keys, in both modes, for
-// every instance that folds; its counters read 0 after every launch, a launch whose view the
-// device refuses included (it writes nothing); a plan that folds refuses a launch without
-// counters.
-TEST(DecodeFold, FoldedEqualsTheMergeKernelBitForBit) {
-  KVLAYER_REQUIRE_GPU();
-  using cuda::detail::decode_folds;
-  struct Instance {
-    int head_dim, gqa;
-    cuda::DecodeOptions::Rows rows;
-  };
-  // d128 r8, d128 r16, d128 r8 × 2 row blocks, d256 r8 (bulk).
-  const Instance instances[] = {{128, 8, cuda::DecodeOptions::Rows::automatic},
-                                {128, 16, cuda::DecodeOptions::Rows::whole},
-                                {128, 12, cuda::DecodeOptions::Rows::split},
-                                {256, 4, cuda::DecodeOptions::Rows::automatic}};
-  constexpr int kKv = 2;
-  constexpr std::int64_t kKeys = 2048;
-  Rng rng(0xF01Du);
-  for (const Instance& in : instances) {
-    const Geometry g = flat_geometry(kKv, in.head_dim, in.head_dim, kKeys);
-    ref::KvLayer layer(g);
-    append_rows(layer, random_values(rng, kKeys, g.kv_dim_k()),
-                random_values(rng, kKeys, g.kv_dim_v()));
-    const int nq = kKv * in.gqa;
-    const std::vector<float> q = random_query(rng, nq, in.head_dim, 2.0f);
-    const float scale = ref::default_scale(in.head_dim);
-    cuda::DecodeOptions o;
-    o.rows = in.rows;
-    o.split_balance = 0;  // 64-key splits: a view of 64·a keys has a active splits
-    o.fold_kib = cuda::DecodeOptions::kMaxFoldKib;
-    const auto folded = plan_decode(kKv, in.head_dim, in.gqa, kKeys, device_sm_count(), o);
-    o.fold_kib = 0;
-    const auto merged = plan_decode(kKv, in.head_dim, in.gqa, kKeys, device_sm_count(), o);
-    const std::string instance = "d" + std::to_string(in.head_dim) + " gqa " +
-                                 std::to_string(in.gqa) + " " + cuda::decode_rows_name(in.rows);
-    ASSERT_TRUE(decode_folds(folded, 0)) << instance;
-    ASSERT_FALSE(decode_folds(merged, 0)) << instance;
-    ASSERT_EQ(folded.n_splits, merged.n_splits);
-    ASSERT_EQ(folded.n_splits, kKeys / 64) << instance << ": the lengths below miss active counts";
-    DecodeBed fold_bed(g, in.gqa, folded), merge_bed(g, in.gqa, merged);
-    for (DecodeBed* b : {&fold_bed, &merge_bed}) {
-      b->upload_planes(layer);
-      b->upload_query(q);
-    }
-    const auto zero_counters = [&](const std::string& what) {
-      for (const unsigned c : fold_bed.read_fold_counters())
-        ASSERT_EQ(c, 0u) << what << ": a counter was left at " << c;
-    };
-    std::vector<std::int64_t> lengths = {0, 1, 2, 65, kKeys - 1};
-    for (std::int64_t a = 1; a <= folded.n_splits; ++a) lengths.push_back(64 * a);
-    for (const std::int64_t n : lengths) {
-      const std::string what = instance + " len " + std::to_string(n);
-      std::vector<float> want, got;
-      ASSERT_EQ(merge_bed.run(merge_bed.host_args(n, 0, scale), want), cudaSuccess) << what;
-      ASSERT_EQ(fold_bed.run(fold_bed.host_args(n, 0, scale), got), cudaSuccess) << what;
-      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << what << " [host]";
-      zero_counters(what + " [host]");
-      fold_bed.set_counters(std::int32_t(n), 0);
-      ASSERT_EQ(fold_bed.run(fold_bed.device_args(scale), got), cudaSuccess) << what;
-      EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << what << " [device]";
-      zero_counters(what + " [device]");
-      if (n == 0) {
-        for (const float x : got) EXPECT_EQ(std::bit_cast<std::uint32_t>(x), 0u) << what;
-      }
-      if (HasFailure()) return;
-    }
-    // A refused view: nothing written, no arrival.
-    fold_bed.clear_status();
-    fold_bed.set_counters(std::int32_t(kKeys + 1), 0);
-    std::vector<float> out;
-    ASSERT_EQ(fold_bed.run(fold_bed.device_args(scale), out), cudaSuccess);
-    EXPECT_TRUE(untouched(out)) << instance << ": a refused view was written";
-    EXPECT_EQ(fold_bed.read_status().has_device_error, 1) << instance;
-    zero_counters(instance + " refused view");
-    // A folding plan without counters: refused before any device work.
-    DecodeArgs a = fold_bed.host_args(kKeys, 0, scale);
-    a.fold_counters = nullptr;
-    EXPECT_EQ(cuda::detail::launch_decode(a, folded, nullptr), cudaErrorInvalidValue) << instance;
-  }
-}
-
 TEST(DecodeDeterminism, RepeatedAndReplayedLaunchesAreBitIdentical) {
   KVLAYER_REQUIRE_GPU();
   constexpr int kKv = 2, kGqa = 8, kD = 128;
@@ -1188,11 +1047,6 @@ TEST(DecodeDeterminism, RepeatedAndReplayedLaunchesAreBitIdentical) {
   DecodeBed bed(g, kGqa, plan_decode(kKv, kD, kGqa, kKeys, device_sm_count()));
   bed.upload_planes(layer);
   bed.upload_query(q);
-  // The default plan folds here: its replays change the active splits under one graph (with no
-  // reset node) down to an empty view.
-  if (cuda::DecodeOptions::from_environment().fold_kib == cuda::DecodeOptions::kDefaultFoldKib) {
-    EXPECT_TRUE(cuda::detail::decode_folds(bed.plan(), 0));
-  }
 
   std::vector<float> a, b;
   ASSERT_EQ(bed.run(bed.host_args(kKeys, 0, scale), a), cudaSuccess);
@@ -1225,8 +1079,6 @@ TEST(DecodeDeterminism, RepeatedAndReplayedLaunchesAreBitIdentical) {
     expect_within_contract(replayed, layer.decode(q, kKv * kGqa, scale), layer, q, kKv * kGqa,
                            scale, reference_view(layer), bed.plan(),
                            "replay len_d " + std::to_string(len), len > 0);
-    for (const unsigned c : bed.read_fold_counters())
-      EXPECT_EQ(c, 0u) << "a fold counter left nonzero after replay at len_d " << len;
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

@@ -99,18 +99,7 @@ struct DecodePlan {
   std::int64_t verify_max_view_keys = 0;
   std::int64_t verify_blocks = 0;
   std::int64_t verify_decode_blocks = 0;
-  /// Decodes (T = 0) fold the merge into the split grid (decode_folds): the arrival counters the
-  /// layer keeps zeroed beside its scratch, one per (KV head, row block); 0: the plan does not
-  /// fold.
-  int fold_counters = 0;
 };
-
-/// Whether a launch of T queries under `plan` folds its merge into the split grid: the grid's
-/// last-arriving block of each (KV head, row block) merges the partials (fold_merge.cuh) and no
-/// merge kernel runs. Decodes of a one-layer plan that asked for it only.
-inline bool decode_folds(const DecodePlan& plan, int T) {
-  return plan.fold_counters > 0 && !plan.batch && T == 0;
-}
 
 /// What the accuracy contract needs of a plan (kvlayer/accuracy.hpp, rounding points
 /// (1)-(5)): every GPU comparison takes its bound's shape from here.
@@ -123,10 +112,6 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 /// [1, 2^31 − 1].
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
                  int multiprocessor_count);
-
-/// Bytes of the partials one (KV head, row block) of a decode writes at the most (every split's
-/// o, its rows by head_dim f32): what a folded launch's last block merges.
-std::int64_t fold_partial_bytes(const DecodePlan& plan);
 
 /// Row blocks per KV head (blockIdx.z) of a decode (T ≤ 1) or a verify decode of T queries:
 /// its gqa or T·gqa query rows in blocks of select_split_kernel's rows, one when they fit one.
@@ -223,8 +208,6 @@ struct DecodeArgs {
   float* out = nullptr;      ///< [n_kv_heads·gqa, head_dim] f32 (× queries for verify)
   float scale = 0;
   void* scratch = nullptr;         ///< plan.scratch_bytes, allocated once
-  /// plan.fold_counters zeroed counters (decode_folds): every folded launch leaves them 0.
-  unsigned* fold_counters = nullptr;
   DeviceStatus* status = nullptr;  ///< device errors (view too long / outside rows)
   /// A batch launch (SPEC §12) when batch.slots != null: the sequences' planes, counters and
   /// status come from the slots of the active list's entries (k_plane, v_plane, len_d, base_d

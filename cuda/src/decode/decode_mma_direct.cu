@@ -60,7 +60,6 @@
 #include "bulk_copy.cuh"
 #include "decode/decode.hpp"
 #include "decode/decode_common.cuh"
-#include "decode/fold_merge.cuh"
 #include "decode/mma_fragments.cuh"
 #include "decode/partition.hpp"
 #include "device_status.cuh"
@@ -747,14 +746,14 @@ struct DirectBlock {
   }
 };
 
-/// The work of one block per (split, KV head); DirectBlock says what the template parameters
-/// select. kFold: the block then arrives at its (KV head, row block)'s counter, and the last to
-/// arrive merges the partials into the output (fold_merge.cuh).
-template <int kD, int kNT, bool kBulk, bool kBatch, bool kFold>
-__device__ __forceinline__ void split_mma_direct(const SplitParams& p, const PlaneMaps& maps) {
+/// One block per (split, KV head); DirectBlock says what the template parameters select.
+template <int kD, int kNT, bool kBulk, bool kBatch>
+__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk
+                                                                      : SplitKernel::mma_direct,
+                                                                kD, 8 * kNT))
+    decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
   static_assert(
       split_instance_built(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, kD, 8 * kNT));
-  static_assert(!(kFold && kBatch));
   using Block = DirectBlock<kD, kNT, kBulk, kBatch>;
   using Ring = typename Block::Ring;
   constexpr int kHeads = Block::kHeads, kOStride = Block::kOStride;
@@ -771,14 +770,9 @@ __device__ __forceinline__ void split_mma_direct(const SplitParams& p, const Pla
   OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
   __shared__ const std::uint8_t* planes_s[2];  // batch: see share_planes
 
-  static_assert(!kFold || fold_merge_floats(kD, kHeads) * sizeof(float) <= sizeof(OStage));
-
   const SplitRange range =
       begin_split<kBatch>(p, kD, split_granule(SplitKernel::mma_direct, kD), Block::kSite);
-  if (!range.active) {  // block-uniform: no barrier has been reached yet
-    if constexpr (kFold) fold_tail<kD, kHeads, kThreads>(p, range, &o_s[0][0][0], Block::kSite);
-    return;
-  }
+  if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
   // The thread's registers (DirectBlock says what each holds, and why they are locals here).
   typename Block::QFrags qb;
@@ -836,30 +830,7 @@ __device__ __forceinline__ void split_mma_direct(const SplitParams& p, const Pla
   b.stage_warp_results();
   __syncthreads();
   b.merge_warps();
-  // The fold: fold_arrive's barrier ends merge_warps' reads of o_s, which the merge reuses.
-  if constexpr (kFold) fold_tail<kD, kHeads, kThreads>(p, range, &o_s[0][0][0], Block::kSite);
 }
-
-#define KVLAYER_DIRECT_LAUNCH_BOUNDS(kD, kNT, kBulk) \
-  __launch_bounds__(                                 \
-      kThreads,                                      \
-      split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, kD, 8 * kNT))
-
-/// One block per (split, KV head) of a decode or verify decode whose merge is merge.cu's.
-template <int kD, int kNT, bool kBulk, bool kBatch>
-__global__ void KVLAYER_DIRECT_LAUNCH_BOUNDS(kD, kNT, kBulk)
-    decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
-  split_mma_direct<kD, kNT, kBulk, kBatch, false>(p, maps);
-}
-
-/// The same for a folded decode (decode_folds): its last blocks write the output.
-template <int kD, int kNT, bool kBulk>
-__global__ void KVLAYER_DIRECT_LAUNCH_BOUNDS(kD, kNT, kBulk)
-    decode_fold_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
-  split_mma_direct<kD, kNT, kBulk, false, true>(p, maps);
-}
-
-#undef KVLAYER_DIRECT_LAUNCH_BOUNDS
 
 /// The kernel instance for (head_dim, rows): 128 × 8 and 128 × 16 register-direct, 256 × 8 bulk
 /// (one layer's launches only: select_split_kernel gives a batch head dim 256 to the staged
@@ -868,14 +839,7 @@ struct DirectInstance {
   void (*kernel)(SplitParams, PlaneMaps) = nullptr;
   int smem = 0;
 };
-DirectInstance direct_kernel(int head_dim, int rows, bool batch, bool fold) {
-  if (fold && !batch) {
-    if (head_dim == 128 && rows == 8) return {decode_fold_mma_direct_kernel<128, 1, false>, 0};
-    if (head_dim == 128 && rows == 16) return {decode_fold_mma_direct_kernel<128, 2, false>, 0};
-    if (head_dim == 256 && rows == 8)
-      return {decode_fold_mma_direct_kernel<256, 1, true>, BulkRing::kBytes};
-    return {};
-  }
+DirectInstance direct_kernel(int head_dim, int rows, bool batch) {
   if (head_dim == 128 && rows == 8)
     return {batch ? decode_split_mma_direct_kernel<128, 1, false, true>
                   : decode_split_mma_direct_kernel<128, 1, false, false>,
@@ -960,8 +924,7 @@ PlaneMaps plane_maps(const SplitParams& sp) {
 
 cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
-  const DirectInstance k =
-      direct_kernel(head_dim, rows, sp.batch.list.slots != nullptr, sp.fold_counters != nullptr);
+  const DirectInstance k = direct_kernel(head_dim, rows, sp.batch.list.slots != nullptr);
   if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
   const PlaneMaps maps = k.smem > 0 ? plane_maps(sp) : PlaneMaps{};
   k.kernel<<<grid, kThreads, k.smem, stream>>>(sp, maps);
@@ -969,7 +932,7 @@ cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int row
 }
 
 cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, int* blocks) {
-  const DirectInstance k = direct_kernel(head_dim, rows, false, false);
+  const DirectInstance k = direct_kernel(head_dim, rows, false);
   if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k.kernel, kThreads, k.smem);
 }

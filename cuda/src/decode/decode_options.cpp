@@ -77,7 +77,6 @@ DecodeOptions DecodeOptions::from_environment() {
   o.split_balance =
       integer_from_environment("KVLAYER_SPLIT_BALANCE", 0, kMaxSplitBalance, o.split_balance);
   o.batch_waves = integer_from_environment("KVLAYER_BATCH_WAVES", 1, kMaxBatchWaves, o.batch_waves);
-  o.fold_kib = integer_from_environment("KVLAYER_DECODE_FOLD_KIB", 0, kMaxFoldKib, o.fold_kib);
   return o;
 }
 

@@ -45,12 +45,6 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const int T = a.queries;
   const bool verify = T > 0;
   if (!plan_ok || T < 0 || (verify && T > plan.max_verify)) return cudaErrorInvalidValue;
-  // A folded decode: its counters, and no more partials than the fold's merge has room for.
-  const bool fold = decode_folds(plan, T);
-  if (fold && (a.fold_counters == nullptr ||
-               fold_partial_bytes(plan) > std::int64_t(DecodeOptions::kMaxFoldKib) * 1024 ||
-               plan.fold_counters != plan.n_kv_heads * row_chunks(plan, 0)))
-    return cudaErrorInvalidValue;
   const long long max_view = verify ? plan.verify_max_view_keys : plan.max_view_keys;
   const auto misaligned = [](const void* ptr) {
     return reinterpret_cast<std::uintptr_t>(ptr) % kDecodePlaneAlignment != 0;
@@ -84,8 +78,6 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   const ViewParams vp{a.len_d,   a.base_d, a.host_len, a.host_base, a.window, a.rows,
                       a.max_ctx, max_view, T};
   const SplitChoice choice = select_split_kernel(plan, T);
-  if (fold && choice.kernel != SplitKernel::mma_direct && choice.kernel != SplitKernel::mma_bulk)
-    return cudaErrorInvalidValue;  // only the direct kernel folds
   const SplitGrid sg = split_grid(plan, T);
   const int n_splits = sg.n_splits;
   const int tile_keys = sg.granule;
@@ -102,9 +94,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
                        split_balance,
                        a.scratch,
                        a.status,
-                       batch_params(a, plan, row_chunks(plan, T)),
-                       fold ? a.fold_counters : nullptr,
-                       fold ? a.out : nullptr};
+                       batch_params(a, plan, row_chunks(plan, T))};
   const int positions = batch ? a.max_batch : 1;
   const bool scheduled = sp.batch.schedule.n_items != nullptr;
   // A scheduled batch: as many blocks per KV head as the schedule can give out; otherwise the
@@ -137,7 +127,6 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
   }
   if (err != cudaSuccess) return err;
   if (err = cudaGetLastError(); err != cudaSuccess) return err;
-  if (fold) return cudaSuccess;  // the split grid's last blocks merged (fold_merge.cuh)
 
   // (planted bug: a verify's merge cuts the view with twice the split kernel's granule)
   const int merge_granule =

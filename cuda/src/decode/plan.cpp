@@ -47,9 +47,6 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   if (options.max_verify_splits < 0 || options.max_verify_splits > kDecodeMaxSplits)
     refuse(op, "max_verify_splits ", options.max_verify_splits, " is outside [0, ",
            kDecodeMaxSplits, "] (0: no cap)");
-  if (options.fold_kib < 0 || options.fold_kib > DecodeOptions::kMaxFoldKib)
-    refuse(op, "fold_kib ", options.fold_kib, " is outside [0, ", DecodeOptions::kMaxFoldKib,
-           "] (0: no fold)");
   if (options.kernel != DecodeOptions::Kernel::cuda_core &&
       options.kernel != DecodeOptions::Kernel::mma)
     refuse(op, "decode kernel ", int(options.kernel),
@@ -97,13 +94,6 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
   // runs a whole split's time alone (8 × 128 at 3 per SM: 50 splits = 400 blocks > 396).
   const std::int64_t splits = std::clamp<std::int64_t>(target / n_kv_heads, 1, max_splits);
   p.n_splits = int(splits);
-  // The fold (decode_folds): the direct kernel's last-arriving block merges the partials of its
-  // (KV head, row block) where they fit the option's budget; a larger merge in one block costs
-  // more than the merge kernel's launch (bench/NOTES.md).
-  const bool direct =
-      choice.kernel == SplitKernel::mma_direct || choice.kernel == SplitKernel::mma_bulk;
-  if (direct && fold_partial_bytes(p) <= std::int64_t(options.fold_kib) * 1024)
-    p.fold_counters = n_kv_heads * row_chunks(p, 0);
   p.batch_waves = options.batch_waves;
   p.batch_items = std::max<std::int64_t>(1, options.batch_waves * target / n_kv_heads);
   // keys_per_split grows with the view length, so the longest view bounds every launch.
@@ -144,11 +134,6 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
                               rows * std::size_t(plan.head_dim + 2) * sizeof(float);
     plan.scratch_bytes = std::max(plan.scratch_bytes, bytes);
   }
-}
-
-std::int64_t fold_partial_bytes(const DecodePlan& plan) {
-  const int rows = std::min(plan.gqa, select_split_kernel(plan, 0).rows);
-  return std::int64_t(plan.n_splits) * rows * plan.head_dim * std::int64_t(sizeof(float));
 }
 
 int row_chunks(const DecodePlan& plan, int T) {

@@ -71,10 +71,6 @@ struct SplitParams {
   void* scratch;
   DeviceStatus* status;
   BatchParams batch;
-  /// A folded decode (decode_folds; fold_merge.cuh): the arrival counters and the output the
-  /// grid's last blocks write. Null in every other launch.
-  unsigned* fold_counters = nullptr;
-  float* out = nullptr;
 };
 
 /// The sequence a block works for, from the block's z: its view source, planes, queries,
@@ -145,11 +141,6 @@ struct SplitRange {
   float* m;
   float* l;
   bool active;  ///< false: nothing left to do (view error recorded, empty view or empty split)
-  /// One layer's launch: the view's active splits when this block is one of them (it writes a
-  /// partial, empty or not), else 0. A folded launch counts this many arrivals per (KV head,
-  /// row block).
-  int arrivals;
-  bool empty_view;  ///< the view holds no keys (no error): the output is all zeros
 };
 
 /// The prologue every split kernel shares (block-uniform, before any barrier): finds the
@@ -217,10 +208,7 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
     return r;
   }
   const long long n = view.end - view.begin;
-  if (n <= 0) {
-    r.empty_view = true;
-    return r;  // the merge (or a folded grid's first blocks) writes the all-zero output
-  }
+  if (n <= 0) return r;  // the merge writes the all-zero output
   // 32-bit: n ≤ 2^31 − 1 (the view checks), and 64-bit divisions sit on the critical path.
   unsigned kps = item_kps, split = item_split;
   if (!scheduled) {
@@ -228,7 +216,6 @@ __device__ inline SplitRange begin_split(const SplitParams& p, int head_dim, int
     const unsigned active = (static_cast<unsigned>(n) + kps - 1) / kps;  // ≤ n_splits
     if (index >= active * gridDim.y) return r;                           // not needed by this view
     split = index / gridDim.y;
-    r.arrivals = static_cast<int>(active);
   }
   r.kv = static_cast<int>(index % gridDim.y);
   const Scratch scratch =

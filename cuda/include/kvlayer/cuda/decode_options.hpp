@@ -27,10 +27,6 @@ struct DecodeOptions {
   /// The default batch schedule: split blocks of about Σ keys / (8 · resident blocks) keys.
   static constexpr int kDefaultBatchWaves = 8;
   static constexpr int kMaxBatchWaves = 64;
-  /// The default fold: a decode grid whose partials per (KV head, row block) take at most this
-  /// many KiB is merged by its last-arriving block, with no merge kernel (bench/NOTES.md).
-  static constexpr int kDefaultFoldKib = 128;
-  static constexpr int kMaxFoldKib = 1024;
 
   Kernel kernel = Kernel::mma;
   Rows rows = Rows::automatic;
@@ -46,16 +42,11 @@ struct DecodeOptions {
   /// blocks (each sequence at most the plan's splits, a view at least split_balance·⌊√Σ⌋ keys
   /// per block).
   int batch_waves = kDefaultBatchWaves;
-  /// Decodes (T = 1) of the tensor-core direct kernel: when the plan's partials of one (KV head,
-  /// row block) take at most fold_kib KiB, in [0, 1024], the block that writes the last of them
-  /// merges them and no merge kernel runs (one launch per decode); 0 never folds.
-  int fold_kib = kDefaultFoldKib;
 
   bool operator==(const DecodeOptions&) const = default;
 
   /// The defaults, overridden by KVLAYER_DECODE_KERNEL (mma, cuda_core), KVLAYER_DECODE_ROWS
-  /// (auto, split, whole), KVLAYER_SPLIT_BALANCE (0..64), KVLAYER_BATCH_WAVES (1..64) and
-  /// KVLAYER_DECODE_FOLD_KIB (0..1024). Throws
+  /// (auto, split, whole), KVLAYER_SPLIT_BALANCE (0..64) and KVLAYER_BATCH_WAVES (1..64). Throws
   /// kvlayer::Error (refused) naming the variable and the supported values for any other value.
   static DecodeOptions from_environment();
 };

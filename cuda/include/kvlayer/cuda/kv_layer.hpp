@@ -69,7 +69,6 @@ struct DecodePlanInfo {
   std::size_t scratch_bytes = 0;        ///< split scratch, allocated once
   const char* kernel = "";              ///< the split kernel a decode runs ("mma_direct", …)
   int rows_per_block = 0;  ///< query rows per split block (a KV head's gqa rows in ≥ 1 blocks)
-  bool folded = false;     ///< decodes merge in the split grid's last blocks (no merge kernel)
 };
 
 /// What one decode or verify decode of T queries runs over a view of `view_keys` keys (a
@@ -83,15 +82,13 @@ struct DecodeLaunchInfo {
   int active_splits = 0;            ///< of them, those with keys
   std::int64_t keys_per_split = 0;  ///< the partition's split length
   std::int64_t loop_trips = 0;      ///< trips of one warp's key loop in the longest split
-  bool folded = false;              ///< the split grid's last blocks merge (no merge kernel)
 };
 
 /// A compiled split-kernel instance a plan can select (for coverage reports).
 struct DecodeInstance {
   const char* kernel = "";
   int head_dim = 0;
-  int rows = 0;       ///< query rows per block
-  bool fold = false;  ///< the instance that merges in its last blocks (a folded decode's)
+  int rows = 0;  ///< query rows per block
   bool operator==(const DecodeInstance&) const = default;
 };
 

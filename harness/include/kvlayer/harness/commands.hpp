@@ -331,7 +331,6 @@ struct DecodeChoice {
   std::optional<int> split_balance;  ///< 0 … 64
   int max_verify_splits = 0;         ///< 0: no cap
   std::optional<int> batch_waves;    ///< 1 … 64 (a batch decode's schedule)
-  std::optional<int> fold_kib;       ///< 0 … 1024: 0 never folds (DecodeOptions::fold_kib)
   bool operator==(const DecodeChoice&) const = default;
 };
 
