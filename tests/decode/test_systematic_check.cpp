@@ -175,12 +175,13 @@ TEST(SystematicCheck, TheEnergyAveragesTheLaunchAndAlarmsAtTheThreshold) {
     sg[e] = std::ldexp(std::fabs(o[e]) + 0x1p-10, -12);
     d[e] = sg[e] * (rng.uniform() - 0.5) / 4;  // clean: an eighth of a sigma at most
   }
-  // The residual as the check sees it: got − expected of the got that launch() records (o + d
-  // rounds to double, so d alone would differ from it by up to 2^-39 of itself).
+  // The output a launch records for element e; the energy takes its residual as the check
+  // sees it, got − expected (o + d rounds to double, so d alone would differ from it by up to
+  // 2^-39 of itself).
+  const auto got = [&](std::size_t e, double beta) { return o[e] + d[e] + beta * o[e]; };
   const auto energy_at = [&](double beta) {
     double sum = 0;
-    for (std::size_t e = 0; e < o.size(); ++e)
-      sum += std::pow((o[e] + d[e] + beta * o[e] - o[e]) / sg[e], 2);
+    for (std::size_t e = 0; e < o.size(); ++e) sum += std::pow((got(e, beta) - o[e]) / sg[e], 2);
     return sum / double(o.size());
   };
   const auto launch = [&](SystematicCheck& c, double beta) {
@@ -188,7 +189,7 @@ TEST(SystematicCheck, TheEnergyAveragesTheLaunchAndAlarmsAtTheThreshold) {
       DecodeBound b{{1.0}, {0.0}, {1.0}, {o[e]}, {1.0}};
       b.expected = {o[e]};
       b.sigma = {sg[e]};
-      c.record(o[e] + d[e] + beta * o[e], o[e], b, 0);
+      c.record(got(e, beta), o[e], b, 0);
     }
   };
   SystematicCheck c;
