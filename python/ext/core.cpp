@@ -95,22 +95,25 @@ void bind_core(nb::module_& m) {
       .def(
           "__init__",
           [](AccumulationShape* self, std::int64_t max_keys_per_split, std::int64_t n_splits,
-             std::int64_t rescales, bool tensor_core, std::int64_t pv_mma_steps) {
-            new (self) AccumulationShape{max_keys_per_split, n_splits, rescales, tensor_core,
-                                         pv_mma_steps};
+             std::int64_t rescales, bool tensor_core, std::int64_t pv_mma_steps, bool k_fused_f16) {
+            new (self) AccumulationShape{max_keys_per_split, n_splits,     rescales,
+                                         tensor_core,        pv_mma_steps, k_fused_f16};
           },
           nb::arg("max_keys_per_split") = 1, nb::arg("n_splits") = 1, nb::arg("rescales") = -1,
-          nb::arg("tensor_core") = false, nb::arg("pv_mma_steps") = 0)
+          nb::arg("tensor_core") = false, nb::arg("pv_mma_steps") = 0,
+          nb::arg("k_fused_f16") = false)
       .def_rw("max_keys_per_split", &AccumulationShape::max_keys_per_split)
       .def_rw("n_splits", &AccumulationShape::n_splits)
       .def_rw("rescales", &AccumulationShape::rescales)
       .def_rw("tensor_core", &AccumulationShape::tensor_core)
       .def_rw("pv_mma_steps", &AccumulationShape::pv_mma_steps)
+      .def_rw("k_fused_f16", &AccumulationShape::k_fused_f16)
       .def("__repr__", [](const AccumulationShape& s) {
         return detail::concat("AccumulationShape(max_keys_per_split=", s.max_keys_per_split,
                               ", n_splits=", s.n_splits, ", rescales=", s.rescales,
                               ", tensor_core=", s.tensor_core ? "True" : "False",
-                              ", pv_mma_steps=", s.pv_mma_steps, ")");
+                              ", pv_mma_steps=", s.pv_mma_steps,
+                              ", k_fused_f16=", s.k_fused_f16 ? "True" : "False", ")");
       });
 
   nb::class_<DataError>(m, "DataError", "A block written as the canonical bad block (SPEC §3).")

@@ -325,7 +325,14 @@ def test_decode_bound_is_exposed_and_covers_the_reference_itself():
     layer.append(rows(150, 128, 5), rows(150, 128, 6))
     q = rows(8, 64, 7)
     shape = kvlayer.AccumulationShape(max_keys_per_split=150, tensor_core=True, pv_mma_steps=10)
+    assert not shape.k_fused_f16 and "k_fused_f16=False" in repr(shape)
     b = kref.decode_bound(layer, q, shape)
+    # The verify kernel's fused form of rounding point (1): K̃ = fp16(d·q) moves the centre õ.
+    fused = kvlayer.AccumulationShape(max_keys_per_split=150, tensor_core=True, pv_mma_steps=10,
+                                      k_fused_f16=True)
+    bf = kref.decode_bound(layer, q, fused)
+    assert "k_fused_f16=True" in repr(fused)
+    assert not np.array_equal(bf.rounded, b.rounded) and np.all(bf.bound >= bf.exact_q)
     assert b.bound.shape == (8, 64) and np.all(b.bound > 0)
     # The float64 decode of fp16(q) is exactly e_q from the reference decode.
     assert np.allclose(np.abs(b.rounded - layer.decode(q)), b.exact_q, rtol=0, atol=1e-15)

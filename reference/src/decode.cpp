@@ -39,6 +39,11 @@ struct HeadCache {
   /// |fused − f32|, the other candidate (noise model (N0), (N3)).
   MatrixXdR v_fused, v_either;
   bool any_either = false;  ///< v_either has a nonzero value
+  /// Gathered for a fused shape only (AccumulationShape::k_fused_f16; else empty):
+  /// [keys × head_dim_k] the K the kernel multiplies (accuracy.hpp (1): fp16(d·q); the exact
+  /// value for a key within a tile's reach of a block beyond the fold), and for those keys
+  /// |fp16(d·q) − d·q|, the other candidate (allocated only when some key has one).
+  MatrixXdR k_fused, k_either;
   Eigen::Index first(const DecodeView& view) const { return Eigen::Index(view.begin - begin); }
   Eigen::Index keys(const DecodeView& view) const { return Eigen::Index(view.end - view.begin); }
 };
@@ -50,9 +55,10 @@ struct ColumnSoftmax {
   Eigen::RowVectorXd top, l;  ///< per head: the largest score and Σ exp(score − top)
 };
 
-ColumnSoftmax softmax_columns(const RowsRef& k, const MatrixXd& q_columns, double scale) {
+/// The softmax of every column of scores [keys × heads].
+ColumnSoftmax softmax_of_scores(MatrixXd scores) {
   ColumnSoftmax r;
-  r.scores = scale * (k * q_columns);
+  r.scores = std::move(scores);
   r.top = r.scores.colwise().maxCoeff();
   const MatrixXd w = (r.scores.rowwise() - r.top).array().exp().matrix();
   r.l = w.colwise().sum();
@@ -60,21 +66,54 @@ ColumnSoftmax softmax_columns(const RowsRef& k, const MatrixXd& q_columns, doubl
   return r;
 }
 
-/// The largest key tile whose V a kernel multiplies on one path (decode_mma_verify.cu's block
-/// tile at head dim 128): a wide V block sends its whole tile to the f32 path.
+ColumnSoftmax softmax_columns(const RowsRef& k, const MatrixXd& q_columns, double scale) {
+  return softmax_of_scores(scale * (k * q_columns));
+}
+
+/// The largest key tile whose K or V a kernel multiplies on one path (decode_mma_verify.cu's
+/// block tile at head dim 128): a wide V block sends its whole tile to the f32 path, a K block
+/// beyond the fold its whole tile to exact K.
 constexpr std::int64_t kWideTileReach = 64;
 
-/// The keys [view.begin, view.end) of one KV head (physical row = key − view.base).
+/// Per key of [view.begin, view.end): whether a row within a tile's reach (kWideTileReach − 1
+/// keys either side, the rows next to the view included: a tile may straddle its ends) has a
+/// block of `plane` that sends its tile to a kernel's other path (`wide` of the block's bytes).
+template <std::size_t kBytes, class Wide>
+std::vector<char> near_wide_blocks(const KvLayer& layer, int kv_head, const DecodeView& view,
+                                   Plane plane, Wide wide) {
+  const Geometry& g = layer.geometry();
+  const std::int64_t n = view.end - view.begin, reach = kWideTileReach - 1;
+  const int blocks = (plane == Plane::k ? g.head_dim_k : g.head_dim_v) / kBlockValues;
+  std::vector<std::int64_t> before(static_cast<std::size_t>(n + 2 * reach) + 1, 0);
+  for (std::int64_t t = -reach; t < n + reach; ++t) {
+    bool any = false;
+    const std::int64_t phys = view.begin + t - view.base;
+    if (phys >= 0 && phys < g.rows()) {
+      const std::span<const std::uint8_t> bytes = layer.head_bytes(plane, phys, kv_head);
+      for (int b = 0; b < blocks && !any; ++b)
+        any = wide(std::span<const std::uint8_t, kBytes>(bytes.data() + b * kBytes, kBytes));
+    }
+    before[std::size_t(t + reach) + 1] = before[std::size_t(t + reach)] + (any ? 1 : 0);
+  }
+  std::vector<char> near(static_cast<std::size_t>(n), 0);
+  // Keys [t − reach, t + reach] are entries [t, t + 2·reach] of `before`'s steps.
+  for (std::int64_t t = 0; t < n; ++t)
+    near[std::size_t(t)] = before[std::size_t(t + 2 * reach) + 1] != before[std::size_t(t)];
+  return near;
+}
+
+/// The keys [view.begin, view.end) of one KV head (physical row = key − view.base); with
+/// tensor_core also V as the tensor-core kernels multiply it, with k_fused K as a fused shape's
+/// kernel does (accuracy.hpp (1), (3)).
 HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
-                      bool tensor_core = false) {
+                      bool tensor_core = false, bool k_fused = false) {
   const Geometry& g = layer.geometry();
   const std::int64_t n = view.end - view.begin;
-  HeadCache c{view.begin,
-              MatrixXdR(n, g.head_dim_k),
-              MatrixXdR(n, g.head_dim_v),
-              MatrixXdR(n, g.head_dim_v),
-              {},
-              {}};
+  HeadCache c;
+  c.begin = view.begin;
+  c.k.resize(n, g.head_dim_k);
+  c.v.resize(n, g.head_dim_v);
+  c.v_dequant_mag.resize(n, g.head_dim_v);
   if (tensor_core) {
     c.v_fused.resize(n, g.head_dim_v);
     c.v_either.setZero(n, g.head_dim_v);
@@ -104,26 +143,46 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
       for (int j = 0; j < kBlockValues; ++j) c.v_fused(t, b + j) = fused[std::size_t(j)];
     }
   }
+  if (k_fused) {
+    // A kernel folds d into a whole key tile's K unless one of its blocks' d is beyond the
+    // fold: every key within a tile's reach of such a block may get either value.
+    c.k_fused.resize(n, g.head_dim_k);
+    for (std::int64_t t = 0; t < n; ++t) {
+      const std::span<const std::uint8_t> bytes =
+          layer.head_bytes(Plane::k, view.begin + t - view.base, kv_head);
+      for (int b = 0; b < g.head_dim_k; b += kBlockValues) {
+        dequantize_q8_0_block_folded_f16(
+            std::span<const std::uint8_t, kQ8_0BlockBytes>(
+                bytes.data() + (b / kBlockValues) * kQ8_0BlockBytes, kQ8_0BlockBytes),
+            fused);
+        for (int j = 0; j < kBlockValues; ++j) c.k_fused(t, b + j) = fused[std::size_t(j)];
+      }
+    }
+    const std::vector<char> near = near_wide_blocks<kQ8_0BlockBytes>(
+        layer, kv_head, view, Plane::k, [](std::span<const std::uint8_t, kQ8_0BlockBytes> b) {
+          return q8_0_header_may_be_wide(b);
+        });
+    for (std::int64_t t = 0; t < n; ++t) {
+      if (!near[std::size_t(t)]) continue;
+      for (int e = 0; e < g.head_dim_k; ++e) {
+        const double x = c.k(t, e), f = c.k_fused(t, e);
+        c.k_fused(t, e) = x;
+        if (std::isfinite(x) && std::isfinite(f) && f != x) {
+          if (c.k_either.size() == 0) c.k_either.setZero(n, g.head_dim_k);
+          c.k_either(t, e) = std::fabs(f - x);
+        }
+      }
+    }
+  }
   if (tensor_core) {
     // A kernel multiplies a whole key tile's V in f32 when one of its blocks has a wide (or
     // non-finite) header: every key within a tile's reach of such a key may get either value.
-    // The rows next to the view count too: a tile may straddle its ends (their keys masked).
-    const std::int64_t reach = kWideTileReach - 1;
-    std::vector<std::int64_t> before(static_cast<std::size_t>(n + 2 * reach) + 1, 0);
-    for (std::int64_t t = -reach; t < n + reach; ++t) {
-      bool wide = false;
-      const std::int64_t phys = view.begin + t - view.base;
-      if (phys >= 0 && phys < g.rows()) {
-        const std::span<const std::uint8_t> bytes = layer.head_bytes(Plane::v, phys, kv_head);
-        for (int b = 0; b < g.head_dim_v / kBlockValues && !wide; ++b)
-          wide = q5_1_header_may_be_wide(std::span<const std::uint8_t, kQ5_1BlockBytes>(
-              bytes.data() + b * kQ5_1BlockBytes, kQ5_1BlockBytes));
-      }
-      before[std::size_t(t + reach) + 1] = before[std::size_t(t + reach)] + (wide ? 1 : 0);
-    }
+    const std::vector<char> near = near_wide_blocks<kQ5_1BlockBytes>(
+        layer, kv_head, view, Plane::v, [](std::span<const std::uint8_t, kQ5_1BlockBytes> b) {
+          return q5_1_header_may_be_wide(b);
+        });
     for (std::int64_t t = 0; t < n; ++t) {
-      // Keys [t − reach, t + reach] are entries [t, t + 2·reach] of `before`'s steps.
-      if (before[std::size_t(t + 2 * reach) + 1] == before[std::size_t(t)]) continue;
+      if (!near[std::size_t(t)]) continue;
       for (int e = 0; e < g.head_dim_v; ++e) {
         const double x = c.v(t, e), f = c.v_fused(t, e);
         c.v_fused(t, e) = x;
@@ -568,10 +627,17 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
                     std::vector<double>(n_out, 0.0)};
   // Rounding point (5): one m16n8k16 accumulation is within γ of Σ|addends|.
   const double gamma = 2.0 * (kMmaK + 2) * u32;
-  // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)).
-  const double dot = shape.tensor_core ? 2 * gamma + (D / kBlockValues + 4) * u32 : (D + 4) * u32;
-  const double dot_rms = shape.tensor_core ? gamma / 2 + std::sqrt((D / kBlockValues + 4) / 3) * u32
-                                           : std::sqrt((D + 4) / 3) * u32;
+  // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)): a fused dot is
+  // one chain of D/16 mma then × scale; an unfused one per block two mma, × d, the block sum
+  // and × scale.
+  const bool fused = shape.tensor_core && shape.k_fused_f16;
+  const double dot = fused               ? D / kMmaK * gamma + u32
+                     : shape.tensor_core ? 2 * gamma + (D / kBlockValues + 4) * u32
+                                         : (D + 4) * u32;
+  const double dot_rms = fused ? D / kMmaK * gamma / 4 + std::sqrt(1.0 / 3) * u32
+                         : shape.tensor_core
+                             ? gamma / 2 + std::sqrt((D / kBlockValues + 4) / 3) * u32
+                             : std::sqrt((D + 4) / 3) * u32;
   const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
   // PV, and separately the row sums (each within this): the sequential chain (f32 adds, or γ
   // per chained mma, which also covers the row sum's shorter f32 chain), the rescales and the
@@ -586,8 +652,10 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
   std::vector<BoundCache> heads(std::size_t(g.n_kv_heads));
   detail::parallel_rows(heads.size(), [&](std::size_t kv) {
     BoundCache& h = heads[kv];
-    h.c = gather_head(layer, int(kv), all, shape.tensor_core);
-    h.abs_k = h.c.k.cwiseAbs();
+    h.c = gather_head(layer, int(kv), all, shape.tensor_core, fused);
+    // |K| as the dot's addends see it: K̃, or either candidate near a block beyond the fold.
+    h.abs_k = fused ? h.c.k_fused.cwiseAbs() : h.c.k.cwiseAbs();
+    if (h.c.k_either.size() > 0) h.abs_k += h.c.k_either;
     h.abs_v = h.c.v.cwiseAbs();
     h.v_subnormal =
         (h.abs_v.array() > 0 && h.abs_v.array() < std::ldexp(1.0, -14)).cast<double>().matrix();
@@ -610,20 +678,37 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     MatrixXd q_both(g.head_dim_k, 2 * gqa);
     q_both << query_columns(q_i, kv * gqa, gqa, g.head_dim_k, false),
         query_columns(q_i, kv * gqa, gqa, g.head_dim_k, true);
-    const ColumnSoftmax both = softmax_columns(k, q_both, s);  // columns: exact, then rounded
+    // Columns: exact, then rounded (q̃, and K̃ for a fused shape).
+    const ColumnSoftmax both = [&] {
+      if (!fused) return softmax_columns(k, q_both, s);
+      MatrixXd scores(n, 2 * gqa);
+      scores.leftCols(gqa).noalias() = s * (k * q_both.leftCols(gqa));
+      scores.rightCols(gqa).noalias() =
+          s * (bc.c.k_fused.middleRows(first, n) * q_both.rightCols(gqa));
+      return softmax_of_scores(std::move(scores));
+    }();
     const MatrixXd magnitude =
         std::fabs(s) * (abs_k * q_both.rightCols(gqa).cwiseAbs());  // [keys × gqa]
+    // Near a K block beyond the fold a key's score may come from either candidate of K: their
+    // whole difference is a score error, in the bound and in (N2).
+    const MatrixXd k_shift = bc.c.k_either.size() > 0
+                                 ? MatrixXd(std::fabs(s) * (bc.c.k_either.middleRows(first, n) *
+                                                            q_both.rightCols(gqa).cwiseAbs()))
+                                 : MatrixXd();
     // [keys × gqa] each: p̂'s deviation, its largest value, and 1 where the GPU's p may fall
     // below fp16's normal range.
     MatrixXd deviation_high(n, 3 * gqa), delta_all(n, gqa), delta_rms(n, gqa);
     for (int j = 0; j < gqa; ++j) {
       const Eigen::VectorXd x = both.scores.col(gqa + j).array() - both.top(gqa + j);
-      const Eigen::VectorXd delta =
-          magnitude.col(j) * dot + (8 * u32 * (1.0 + x.array().abs())).matrix();
-      delta_all.col(j) = delta;
+      Eigen::VectorXd delta = magnitude.col(j) * dot + (8 * u32 * (1.0 + x.array().abs())).matrix();
       // (N2)'s RMS score error: the mma truncations at a quarter of γ each (uniform below their
       // worst case, not zero-mean), the f32 roundings at their root-sum-square.
       delta_rms.col(j) = magnitude.col(j) * dot_rms + (2 * u32 * (1.0 + x.array().abs())).matrix();
+      if (k_shift.size() > 0) {
+        delta += k_shift.col(j);
+        delta_rms.col(j) += k_shift.col(j);
+      }
+      delta_all.col(j) = delta;
       Eigen::VectorXd lo, hi;
       probability_range(x, delta, lo, hi);
       const auto p = both.p.col(gqa + j);

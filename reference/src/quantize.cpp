@@ -138,6 +138,20 @@ void dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockByt
   for (int j = 0; j < kBlockValues; ++j) out[j] = round_to_f16(d * double(q[std::size_t(j)]) + m);
 }
 
+void dequantize_q8_0_block_folded_f16(std::span<const std::uint8_t, kQ8_0BlockBytes> in,
+                                      std::span<double, kBlockValues> out) {
+  const double d = f16_bits_to_f32(load_u16(in.data()));
+  // d·q is exact in double (an 11-bit by 8-bit product), then rounded once.
+  for (int j = 0; j < kBlockValues; ++j)
+    out[std::size_t(j)] =
+        round_to_f16(d * double(static_cast<std::int8_t>(in[std::size_t(kQ8_0Quants + j)])));
+}
+
+bool q8_0_header_may_be_wide(std::span<const std::uint8_t, kQ8_0BlockBytes> in) {
+  const double d = f16_bits_to_f32(load_u16(in.data()));
+  return !(std::fabs(d) <= f16_bits_to_f32(std::uint16_t(kQ8_0FoldMaxScaleBits)));  // NaN: wide
+}
+
 bool q5_1_header_may_be_wide(std::span<const std::uint8_t, kQ5_1BlockBytes> in) {
   const double d = f16_bits_to_f32(load_u16(in.data())), m = q5_1_block_min(in);
   return !(std::fabs(d) <= 1024 && std::fabs(m) <= 32768);  // NaN: wide

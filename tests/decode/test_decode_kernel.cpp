@@ -210,6 +210,9 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   EXPECT_EQ(t2.rescales, t2.max_keys_per_split / 64 + 1);
   EXPECT_EQ(t4.rescales, t4.max_keys_per_split / 64 + 1);
   EXPECT_EQ(t8.rescales, t8.max_keys_per_split / 64 * 2 + 1);
+  // The verify kernel folds d into fp16 K (accuracy.hpp (1), fused form); T = 1 is the decode's.
+  EXPECT_FALSE(t1.k_fused_f16);
+  EXPECT_TRUE(t2.k_fused_f16 && t4.k_fused_f16 && t8.k_fused_f16);
   // Head dim 256: 32-key tiles, 32 rows per block; at T = 8 a warp takes both m-tiles of a
   // tile in one softmax step.
   auto q = plan_decode(4, 256, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
@@ -218,6 +221,7 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   const kvlayer::AccumulationShape q8 = cuda::detail::verify_accumulation_shape(q, 8);
   EXPECT_EQ(q8.pv_mma_steps, q8.max_keys_per_split / 32 * 2);
   EXPECT_EQ(q8.rescales, q8.max_keys_per_split / 32 + 1);
+  EXPECT_TRUE(q8.k_fused_f16);
   // The staged verify (head dim 64): 16 rows per block, every 4th 16-key tile per warp.
   auto r = plan_decode(4, 64, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(r, 16, 131072, 132);
@@ -225,6 +229,7 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   const kvlayer::AccumulationShape r8 = cuda::detail::verify_accumulation_shape(r, 8);
   EXPECT_EQ(r8.pv_mma_steps, r8.max_keys_per_split / 64);
   EXPECT_EQ(r8.rescales, r8.pv_mma_steps + 1);
+  EXPECT_FALSE(r8.k_fused_f16);  // exact quants, d per block
 }
 
 // The plan sizes its grid for decode_mma_blocks_per_sm resident blocks; if fewer fit (registers,

@@ -248,5 +248,83 @@ TEST(NoiseModel, AWideBlockSendsItsKeysNeighboursToTheF32Path) {
   }
 }
 
+TEST(FusedShape, KTildeIsWhatTheRowIsRoundedWithExceptNearABlockBeyondTheFold) {
+  // accuracy.hpp (1), fused form: õ (rounded, the centre of the bound) is the decode of q̃ with
+  // K̃ = fp16(d·q), except for keys within 63 positions of a K block whose d is beyond the fold
+  // (key 100, block 2: d ≈ 551), which keep exact K. A GPU that folded those neighbours anyway
+  // (another tile alignment) must be inside the bound: their scores carry both candidates.
+  // Built so that K̃ moves the output coherently: every K block constant (all quants 127), with
+  // d_A = 2^-7 + 63·2^-17 on even keys (127·d_A rounds up to fp16 by 0.49 of its spacing) and
+  // d_B = 2^-7 + 65·2^-17 on odd keys (down by 0.49), V = +1 on even keys and −1 on odd ones,
+  // q = 4 (0 on block 2): K̃ moves the two groups' scores apart by 0.033.
+  const int D = 128, n = 200, gqa = 2;
+  const Geometry g = flat_geometry(1, D, D, n);
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  const double d_a = std::ldexp(1.0, -7) + 63 * std::ldexp(1.0, -17),
+               d_b = std::ldexp(1.0, -7) + 65 * std::ldexp(1.0, -17);
+  std::vector<float> k(std::size_t(n * D)), v(std::size_t(n * D)), q(std::size_t(gqa * D), 4.0f);
+  for (int t = 0; t < n; ++t)
+    for (int d = 0; d < D; ++d) {
+      k[std::size_t(t * D + d)] = float(127 * (t % 2 == 0 ? d_a : d_b));
+      v[std::size_t(t * D + d)] = t % 2 == 0 ? 1.0f : -1.0f;
+    }
+  for (int j = 0; j < kBlockValues; ++j)
+    k[std::size_t(100 * D + 64 + j)] = float(j == 3 ? 70000 : 70000 * rng.uniform(-1, 1));
+  for (int h = 0; h < gqa; ++h)
+    for (int j = 0; j < kBlockValues; ++j) q[std::size_t(h * D + 64 + j)] = 0.0f;  // block 2
+  KvLayer l(g);
+  l.append(encode_rows(std::move(k), std::move(v), n, DType::f32).f32_view());
+  AccumulationShape fused{n, 1, n / 64 + 2, true, n / 16, true};
+  AccumulationShape unfused = fused;
+  unfused.k_fused_f16 = false;
+  const auto bf = kvlayer::ref::decode_bound(l, q, gqa, std::nullopt, {0, n, 0}, fused);
+  const auto bu = kvlayer::ref::decode_bound(l, q, gqa, std::nullopt, {0, n, 0}, unfused);
+  const std::vector<double> want = l.decode(q, gqa, std::nullopt);
+
+  // The decode of q̃ over K chosen per key: exact (0), K̃ outside key 100's reach (1), or K̃ for
+  // every key but 100 (2).
+  const double scale = kvlayer::default_scale(D);
+  const auto decode_with = [&](int k_kind) {
+    std::vector<double> out(std::size_t(gqa) * D, 0.0);
+    for (int h = 0; h < gqa; ++h) {
+      std::vector<double> s(static_cast<std::size_t>(n), 0.0);
+      for (std::int64_t t = 0; t < n; ++t) {
+        const auto kr = l.dequantized_row(Plane::k, t);
+        const bool exact =
+            k_kind == 0 || (k_kind == 1 && std::abs(t - 100) <= 63) || (k_kind == 2 && t == 100);
+        for (int d = 0; d < D; ++d) {
+          const double kd = exact ? double(kr[std::size_t(d)])
+                                  : kvlayer::ref::round_to_f16(double(kr[std::size_t(d)]));
+          s[std::size_t(t)] += kd * f16_bits_to_f32(f32_to_f16_bits(q[std::size_t(h * D + d)]));
+        }
+        s[std::size_t(t)] *= scale;
+      }
+      const double top = *std::max_element(s.begin(), s.end());
+      double total = 0;
+      for (double& x : s) total += (x = std::exp(x - top));
+      for (std::int64_t t = 0; t < n; ++t) {
+        const auto vr = l.dequantized_row(Plane::v, t);
+        for (int e = 0; e < D; ++e)
+          out[std::size_t(h * D + e)] += s[std::size_t(t)] / total * vr[std::size_t(e)];
+      }
+    }
+    return out;
+  };
+  const std::vector<double> exact_k = decode_with(0), centre = decode_with(1),
+                            folded_all = decode_with(2);
+  int k_tilde_moved = 0;
+  for (std::size_t e = 0; e < want.size(); ++e) {
+    const double tol = 1e-12 * (1 + std::fabs(centre[e]));
+    EXPECT_NEAR(bf.rounded[e], centre[e], tol) << e;
+    EXPECT_NEAR(bu.rounded[e], exact_k[e], tol) << e;
+    k_tilde_moved += std::fabs(centre[e] - exact_k[e]) > 1e-4;
+    EXPECT_LE(std::fabs(folded_all[e] - want[e]), bf.bound[e]) << e;
+    EXPECT_LE(std::fabs(centre[e] - want[e]), bf.bound[e]) << e;
+  }
+  EXPECT_EQ(k_tilde_moved, int(want.size())) << "K̃ must move every output: the case proves nothing";
+}
+
 }  // namespace
 }  // namespace kvlayer::testing

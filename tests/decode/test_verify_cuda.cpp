@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda_testbed.hpp"
@@ -47,12 +48,16 @@ std::vector<float> random_queries(int T, int nq, int hd, Rng& rng) {
 }
 
 /// Checks a verify decode of T queries at the current state: host-len against the reference
-/// row by row, then the device-counter variant bit for bit against it.
+/// row by row, then the device-counter variant bit for bit against it. zero_dims: q is 0 at
+/// head dims [first, second) of every head.
 void check_verify_here(cuda::KvLayer& gpu, const ref::KvLayer& ref, int T, Rng& rng,
-                       cudaStream_t stream, double& worst) {
+                       cudaStream_t stream, double& worst, std::pair<int, int> zero_dims = {0, 0}) {
   const Geometry& g = ref.geometry();
   const int nq = gpu.n_q_heads(), hd = g.head_dim_k;
-  const std::vector<float> hq = random_queries(T, nq, hd, rng);
+  std::vector<float> hq = random_queries(T, nq, hd, rng);
+  for (std::size_t i = 0; i < hq.size(); ++i)
+    if (int(i % std::size_t(hd)) >= zero_dims.first && int(i % std::size_t(hd)) < zero_dims.second)
+      hq[i] = 0.0f;
   const std::optional<float> scale =
       rng.chance(25) ? std::optional<float>(rng.uniform(0.01f, 0.3f)) : std::nullopt;
   const std::size_t row_out = std::size_t(nq) * g.head_dim_v;
@@ -142,6 +147,48 @@ TEST(CudaVerify, RowsMatchSingleQueryDecodesWithinTheirBounds) {
     }
     ASSERT_TRUE(same_state(gpu, ref));
     std::printf("  %s gqa %d: worst |error|/bound %.3g\n", g.describe().c_str(), c.gqa, worst);
+  }
+}
+
+/// The verify kernel folds each K block's d into fp16 K (accuracy.hpp (1)) except in a tile
+/// holding a block whose d is beyond the fold (|d| > 511.75): there it multiplies exact quants.
+/// Keys whose block 1 has d ≈ 551 (beyond) or ≈ 472 (the fold's edge, products up to 60,000),
+/// with q zero on that block's dims, so that the scores stay finite only where the kernel kept
+/// those blocks exact (a folded d ≈ 551 gives ±inf · 0 = NaN) or folded them within range; every
+/// row within its bound (the keys near a block beyond the fold may take either K).
+TEST(CudaVerify, KBlocksBeyondTheFoldKeepExactQuants) {
+  KVLAYER_REQUIRE_GPU();
+  Stream stream;
+  const std::uint64_t seed = fresh_seed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  Rng rng(seed);
+  for (int hd : cuda::kSupportedHeadDims) {
+    const Geometry g = flat(2, hd, 400);
+    SCOPED_TRACE(g.describe());
+    cuda::KvLayer gpu(g, g.n_kv_heads * 8, stream.get());
+    ref::KvLayer ref(g);
+    HostRows rows = make_rows(g, 300, DType::f32, Fill::random, rng);
+    std::int64_t beyond = 0, edge = 0;
+    for (std::int64_t r = 0; r < rows.n; ++r) {
+      const int kind = r % 97 == 5 ? 1 : r % 89 == 40 ? 2 : 0;  // rows 5, 102, 199 / 40, 129, 218
+      if (kind == 0) continue;
+      const float amax = kind == 1 ? 70000.0f : 60000.0f;  // d = 551.2 → 551; 472.4 → 472.5
+      for (int kv = 0; kv < g.n_kv_heads; ++kv)
+        for (int j = 0; j < kBlockValues; ++j)
+          rows.k[std::size_t(r * g.kv_dim_k() + kv * hd + kBlockValues + j)] =
+              amax * (j == 7 ? 1.0f : rng.uniform(-1, 1));
+      (kind == 1 ? beyond : edge) += g.n_kv_heads;
+    }
+    rows = encode_rows(rows.k, rows.v, rows.n, DType::f32);
+    const DeviceRows d(rows);
+    gpu.append(d.view);
+    ref.append(rows.view());
+    ASSERT_EQ(beyond, 3 * g.n_kv_heads);
+    ASSERT_EQ(edge, 3 * g.n_kv_heads);
+    double worst = 0;
+    for (int T : {2, 8, 16}) check_verify_here(gpu, ref, T, rng, stream.get(), worst, {32, 64});
+    std::printf("  %s gqa 8, K blocks beyond the fold: worst |error|/bound %.3g\n",
+                g.describe().c_str(), worst);
   }
 }
 

@@ -241,9 +241,9 @@ void save_output(const std::string& name, const std::vector<float>& got,
   std::fclose(f);
   f = std::fopen((name + ".shape").c_str(), "w");
   if (!f) throw Error(ErrorKind::refused, "sensitivity: cannot write " + name + ".shape");
-  std::fprintf(f, "%lld %lld %lld %d %lld\n", (long long)s.max_keys_per_split,
+  std::fprintf(f, "%lld %lld %lld %d %lld %d\n", (long long)s.max_keys_per_split,
                (long long)s.n_splits, (long long)s.rescales, s.tensor_core ? 1 : 0,
-               (long long)s.pv_mma_steps);
+               (long long)s.pv_mma_steps, s.k_fused_f16 ? 1 : 0);
   std::fclose(f);
 }
 
@@ -256,8 +256,9 @@ std::vector<float> load_output(const std::string& name, std::size_t values, Accu
   std::fclose(f);
   f = std::fopen((name + ".shape").c_str(), "r");
   long long a = 0, b = 0, c = 0, e = 0;
-  int tc = 0;
-  if (!f || std::fscanf(f, "%lld %lld %lld %d %lld", &a, &b, &c, &tc, &e) != 5)
+  int tc = 0, fused = 0;  // files saved before the fused shape have no sixth field
+  if (!f || std::fscanf(f, "%lld %lld %lld %d %lld", &a, &b, &c, &tc, &e) != 5 ||
+      std::fscanf(f, "%d", &fused) > 1)
     throw Error(ErrorKind::refused, "sensitivity: cannot read " + name + ".shape");
   std::fclose(f);
   s.max_keys_per_split = a;
@@ -265,6 +266,7 @@ std::vector<float> load_output(const std::string& name, std::size_t values, Accu
   s.rescales = c;
   s.tensor_core = tc != 0;
   s.pv_mma_steps = e;
+  s.k_fused_f16 = fused != 0;
   return got;
 }
 

@@ -7,6 +7,11 @@
 //  (1) q is rounded once to fp16 (RNE): q̃. K quants are exact (int8). The dot product over
 //      head_dim terms is accumulated in f32 (CUDA cores: sequential FMAs; tensor cores: (5)),
 //      times f32(d) per block, block results summed in f32, times the f32 scale.
+//      Where the shape says k_fused_f16 (the verify kernel, decode_mma_verify.cu): d is folded
+//      into K first, K̃ = d·q rounded once to fp16 (RNE, subnormals kept), and the dot is one
+//      chain of head_dim/16 mma (5) from zero, times the f32 scale. A key tile holding a K block
+//      with |d| > 511.75 or a non-finite d (kQ8_0FoldMaxScaleBits: d·q might leave fp16) takes
+//      the unfused arithmetic above for all its keys.
 //  (2) online softmax in f32: exp of (s − m) with a few-ulp exp, f32 running sums, one rescale
 //      (an exp and a multiply) per key tile of an accumulator.
 //  (3) p is rounded to fp16 before it multiplies V; V is used at its exact dequantized f32
@@ -23,8 +28,9 @@
 //      that: each aligned addend loses < 2^-23 of the largest addend, the result < 2^-23 of
 //      itself, so one mma's error is ≤ (k + 2)·2^-23·Σ|addends| = γ·Σ|addends|,
 //      γ = 2(k + 2)·u32 = 36·u32. A 32-value block's dot is two chained mma into a fresh
-//      accumulator: ≤ γ(2Σ₁ + Σ₂) ≤ 2γ·Σ_block|q̃·K|. A PV accumulator chained over c mma
-//      steps (each |C| ≤ the sum of all earlier addends) errs by ≤ γ·c·Σ_t|p̃16_t·Ṽ_te|.
+//      accumulator: ≤ γ(2Σ₁ + Σ₂) ≤ 2γ·Σ_block|q̃·K|. A chain of c mma steps (each |C| ≤ the
+//      sum of all earlier addends) errs by ≤ γ·c·Σ|addends|: a PV accumulator's c =
+//      pv_mma_steps on Σ_t|p̃16_t·Ṽ_te|, a fused dot's c = head_dim/16 on Σ_d|q̃_d·K̃_d|.
 //
 // Noise model of the declared statistical check (issue #34; the reference computes it as
 // DecodeBound::expected and ::sigma, ref::SystematicCheck applies it). Not a bound: where the
@@ -32,18 +38,21 @@
 // a value the declared roundings fix, by roundings that are independent and spread within
 // their worst case (RMS = worst/√3 for a round-to-nearest):
 //  (N0) expected: the float64 decode of q̃ with V as (3) has the tensor-core kernels multiply
-//       it, d·q + m fused to fp16 (the CUDA-core kernel: the f32 value). A key tile holding a V
-//       block whose header may take the f32 path (|d| > 1024, |m| > 32768 or not finite) is
-//       multiplied in f32: every key within 64 positions of such a block keeps its f32 value
-//       in expected and puts the fp16 candidate's whole difference into (N3).
+//       it, d·q + m fused to fp16 (the CUDA-core kernel: the f32 value), and with a fused
+//       shape's K̃ (1) (exact K for every key within 64 positions of a block beyond the fold,
+//       whose score then carries both candidates' difference in (N2) and the bound's δ). A key tile
+//       holding a V block whose header may take the f32 path (|d| > 1024, |m| > 32768 or not
+//       finite) is multiplied in f32: every key within 64 positions of such a block keeps its f32
+//       value in expected and puts the fp16 candidate's whole difference into (N3).
 //  (N1) p to fp16 (3): (u16²·p̂_t² + 2^-50 where p may be subnormal)/3 of V_te² per key, none
 //       for a key that is the maximum of its accumulator's frame (p = exp2f(0) = 1 exactly): a
 //       key whose score exceeds every other within max_keys_per_split − 1 positions (a frame
 //       lies in one split) by more than both scores' worst-case errors.
 //  (N2) score errors (1), (2), (5): per key an RMS δ_t = scale·Σ_d|q̃_d·K_td|·c + 2·u32·(1 +
 //       |s_t − max s|), c = γ/2 + √((D/32 + 4)/3)·u32 on tensor cores (each mma's truncations
-//       at a quarter of γ: below their worst case but one-signed), √((D + 4)/3)·u32 on CUDA
-//       cores; it acts as Σ_t p̂_t·ε_t·(V_te − expected_e) (the row sum sees it as well).
+//       at a quarter of γ: below their worst case but one-signed), (D/16)·γ/4 + √(1/3)·u32
+//       for a fused dot (its chain's truncations, each on the running sum), √((D + 4)/3)·u32
+//       on CUDA cores; it acts as Σ_t p̂_t·ε_t·(V_te − expected_e) (the row sum sees it too).
 //  (N1) and (N2) add coherently, (Σ a)² where that exceeds Σ a², within each group of keys
 //       whose s − max s agree to 2^-16 (the same p rounds alike: repeated rows, integers).
 //  (N3) the f32 and fp16 candidates of (N0)'s keys: their whole difference, weighted by p̂².
@@ -80,6 +89,9 @@ struct AccumulationShape {
   /// at most pv_mma_steps chained mma accumulations into one PV accumulator.
   bool tensor_core = false;
   std::int64_t pv_mma_steps = 0;
+  /// Rounding point (1)'s fused form: K̃ = fp16(d·q), the dot one chain of head_dim/16 mma
+  /// (tensor-core kernels that fold d; tiles with a block beyond the fold excepted).
+  bool k_fused_f16 = false;
 };
 
 /// k of the tensor-core instruction the kernels use (mma.sync m16n8k16): rounding point (5).

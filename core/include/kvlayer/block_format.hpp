@@ -18,6 +18,10 @@ inline constexpr int kQ8_0Quants = 2;  ///< offset of quant 0
 /// A q8_0 block in 16-bit words: d, then 16 quant pairs. A head of n blocks spans 17·(2n)
 /// bytes, so its span is 2n-byte aligned wherever a row's spans start (decode copy sizes).
 inline constexpr int kQ8_0BlockWords = kQ8_0BlockBytes / 2;
+/// The largest |d| (fp16 bits 0x5fff = 511.75) whose products with every int8 quant stay
+/// within fp16's range (511.75·128 = 65504): the verify kernel folds only such d into its fp16
+/// K operands (kvlayer/accuracy.hpp (1)).
+inline constexpr unsigned kQ8_0FoldMaxScaleBits = 0x5fffu;
 
 /// q5_1 (V): d, m (fp16) at bytes 0, 2; qh (u32, bit j: quant j's fifth bit) at 4; then 16
 /// bytes of nibbles (byte i: quant i | quant i + 16 << 4).

@@ -3,9 +3,11 @@
 // Same grid, partition of the views' union in 64-key granules, partial format, device-mode
 // checks and merge kernel as every split kernel (decode_common.cuh). Rounding points
 // (kvlayer/accuracy.hpp (1)–(5)), as decode_mma_direct.cu implements them:
-//  (1) q̃ = fp16(q); K quants exact in fp16; per 32-value block two m16n8k16 mma into a fresh
-//      f32 accumulator, × f32(d): block 0 by __fmul_rn, each later block by fmaf(c, d, s);
-//      × scale (__fmul_rn).
+//  (1) q̃ = fp16(q); K̃ = fp16(d·q) by one HMUL2 of the exact quants (convert_tile); the dot one
+//      chain of D/16 m16n8k16 mma from zero; × scale (__fmul_rn). A tile holding a K block
+//      whose d is beyond the fold (|d| > 511.75 or not finite) is converted again with exact
+//      quants (convert_k_exact): per 32-value block two mma into a fresh f32 accumulator,
+//      × f32(d), block 0 by __fmul_rn, each later block by fmaf(c, d, s).
 //  (2) online softmax in f32, one max update per step of one or two 16-key m-tiles
 //      (verify_softmax_steps), IEEE exp2f, finite sentinel.
 //  (3) p rounded to fp16 for PV; V = d·q + m by one HFMA2 (the exact value rounded once to
@@ -35,9 +37,11 @@
 //    that a warp's K blocks share one alignment, every shift is a compile-time constant and
 //    the two V halves of a block share one byte permute.
 //  - Per tile: cp.async copies of the raw rows (two stages: tile i + 1 lands while i is
-//    converted and computed), a block-wide conversion into one fp16 stage (K quants, K block
-//    scales d, V values), then the mma phase. Two barriers per tile; the second is a
-//    __syncthreads_or that also tells every warp whether the tile holds a wide or bad V block.
+//    converted and computed), a block-wide conversion into one fp16 stage (K̃, V values), then
+//    the mma phase. Two barriers per tile; the second is a __syncthreads_or that also tells
+//    every warp whether the tile holds a wide or bad block (then two more votes say which).
+//  - K carries its block scale (K̃ = fp16(d·q)), so the dot is one mma chain with no per-block
+//    f32 fix-up of each score (session 26: −7.4% at T = 8, −8.0% at T = 16, 128K).
 //  - fp16 rows are 2·D + 16 bytes: the 8 row addresses of an ldmatrix hit all 32 banks.
 //  - The softmax skips the masks for m-tiles whose keys every real row of the warp attends.
 #include <cuda_fp16.h>
@@ -65,8 +69,8 @@ static_assert(kThreads == kDecodeThreads);
 constexpr int kVerifyStages = 2;
 
 /// Compile-time layout of one head dim. Shared memory (bytes): raw stages [kVerifyStages] (K
-/// rows, then V rows), then one fp16 stage: K quants, V values, K scales (an fp16 per block and
-/// key). The final merge reuses all of it.
+/// rows, then V rows), then one fp16 stage: K̃ (or exact K quants), V values, K scales (an fp16
+/// per block and key, for exact quants only). The final merge reuses all of it.
 template <int D>
 struct VerifyShape {
   static_assert(D == 128 || D == 256, "decode_mma_verify.cu serves head dims 128 and 256");
@@ -119,19 +123,62 @@ __device__ __forceinline__ void copy_raw_tile(std::uint8_t* stage, const std::ui
   }
 }
 
+/// Flags of a tile's conversion, or-ed over the block by the barrier that ends it.
+constexpr int kWideV = 1;  ///< a V block may leave fp16's range or is not finite
+constexpr int kWideK = 2;  ///< a K block's d is beyond the fold (k_header_maybe_wide)
+
+/// K block b of a key in a raw stage (kb: its first byte, d at byte 0, the 32 quants after it)
+/// as 8 words of int8 quants; returns d's fp16 bits. kEven: an even block, 4-byte aligned (the
+/// quants at 2 mod 4, funnelled from 9 words); odd blocks have their quants aligned.
+template <bool kEven>
+__device__ __forceinline__ unsigned load_k_block(const std::uint8_t* kb, unsigned (&qw)[8]) {
+  if constexpr (kEven) {
+    const unsigned* w = reinterpret_cast<const unsigned*>(kb);
+    unsigned x[9];
+#pragma unroll
+    for (int i = 0; i < 9; ++i) x[i] = w[i];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qw[i] = __byte_perm(x[i], x[i + 1], 0x5432);
+    return x[0] & 0xffffu;
+  } else {
+    const unsigned* w = reinterpret_cast<const unsigned*>(kb + 2);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qw[i] = w[i];
+    return *reinterpret_cast<const unsigned short*>(kb);
+  }
+}
+
+/// K block b's 32 quants into its 64-byte slot of a key's fp16 row: exact (kFold false), or
+/// K̃ = fp16(d·q) with d's bits d_bits (accuracy.hpp (1)).
+template <bool kFold>
+__device__ __forceinline__ void store_k_block(std::uint8_t* slot, const unsigned (&qw)[8],
+                                              unsigned d_bits) {
+  const auto f16 = [&](unsigned u, int h) {
+    const unsigned q2 = int8_pair_to_f16x2(u, h);
+    return kFold ? k_fold_f16x2(q2, d_bits) : q2;
+  };
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const unsigned u0 = qw[2 * c] ^ 0x80808080u, u1 = qw[2 * c + 1] ^ 0x80808080u;
+    *reinterpret_cast<uint4*>(slot + 16 * c) =
+        make_uint4(f16(u0, 0), f16(u0, 1), f16(u1, 0), f16(u1, 1));
+  }
+}
+
 /// The block-wide conversion of a raw stage into the fp16 stage. Thread c converts key c % kTile,
 /// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
-/// their parity, and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is
-/// 0, and 0 · 0 keeps every row finite). Returns whether one of this thread's V blocks may leave
-/// fp16's range or is not finite (v_header_maybe_wide).
+/// their parity, and with it the K alignment). K gets its block scale folded in (K̃ = fp16(d·q),
+/// accuracy.hpp (1)). Keys past `valid` get zeros (K and V: their p is 0, and 0 · 0 keeps every
+/// row finite). Returns this thread's flags: kWideV where one of its V blocks may leave fp16's
+/// range or is not finite (v_header_maybe_wide), kWideK where one of its K blocks' d is beyond
+/// the fold (then convert_k_exact redoes the tile's K).
 template <int D>
-__device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint8_t* raw,
-                                             int valid) {
+__device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8_t* raw,
+                                            int valid) {
   using S = VerifyShape<D>;
   const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
   std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
   std::uint8_t* vf = smem + S::kVf + key * S::kF16Stride;
-  auto* kd = reinterpret_cast<unsigned short*>(smem + S::kKd) + key * S::kBlocks;
   if (key >= valid) {
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
@@ -141,39 +188,22 @@ __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint
         *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
         *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
       }
-      kd[b] = 0;
     }
-    return false;
+    return 0;
   }
-  bool wide = false;
+  bool wide = false, wide_k = false;
+  unsigned first_d = 0;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int b = b0 + S::kBStep * j;
-    // ---- K block b: d at byte 34b of the key's span, its 32 quants after it. Even b: the block
-    // is 4-byte aligned (quants at 2 mod 4, funnelled from 9 words); odd b: its quants are.
+    // ---- K block b: d at byte 34b of the key's span, its 32 quants after it.
     const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * b;
     unsigned qw[8];
-    if ((b0 & 1) == 0) {
-      const unsigned* w = reinterpret_cast<const unsigned*>(kb);
-      unsigned x[9];
-#pragma unroll
-      for (int i = 0; i < 9; ++i) x[i] = w[i];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qw[i] = __byte_perm(x[i], x[i + 1], 0x5432);
-      kd[b] = static_cast<unsigned short>(x[0] & 0xffffu);
-    } else {
-      const unsigned* w = reinterpret_cast<const unsigned*>(kb + 2);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qw[i] = w[i];
-      kd[b] = *reinterpret_cast<const unsigned short*>(kb);
-    }
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const unsigned u0 = qw[2 * c] ^ 0x80808080u, u1 = qw[2 * c + 1] ^ 0x80808080u;
-      *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) =
-          make_uint4(int8_pair_to_f16x2(u0, 0), int8_pair_to_f16x2(u0, 1),
-                     int8_pair_to_f16x2(u1, 0), int8_pair_to_f16x2(u1, 1));
-    }
+    const unsigned d = (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+    if (j == 0) first_d = d;
+    wide_k = wide_k || k_header_maybe_wide(d);
+    store_k_block<true>(kf + 64 * b, qw,
+                        k_fold_scale(d, first_d, j, MutantSite::decode_mma_verify));
 
     // ---- V block b (d | m << 16, qh, 16 qs bytes): quant j < 16 is the low nibble of qs[j],
     // j ≥ 16 the high nibble of qs[j − 16], bit j of qh its fifth bit. The pair (j, j + 1) as
@@ -210,7 +240,32 @@ __device__ __forceinline__ bool convert_tile(std::uint8_t* smem, const std::uint
       *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) =
           make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
   }
-  return wide;
+  return (wide ? kWideV : 0) | (wide_k ? kWideK : 0);
+}
+
+/// The tile's K again, exact quants and their d apart (the path of accuracy.hpp (1) for a tile
+/// that holds a K block whose d is beyond the fold; compute_scores<false> reads it). Same
+/// threads, keys and blocks as convert_tile.
+template <int D>
+__device__ __forceinline__ void convert_k_exact(std::uint8_t* smem, const std::uint8_t* raw,
+                                                int valid) {
+  using S = VerifyShape<D>;
+  const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
+  std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
+  auto* kd = reinterpret_cast<unsigned short*>(smem + S::kKd) + key * S::kBlocks;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int b = b0 + S::kBStep * j;
+    if (key >= valid) {
+      kd[b] = 0;  // the quants are convert_tile's zeros
+      continue;
+    }
+    const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * b;
+    unsigned qw[8];
+    const unsigned d = (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+    kd[b] = static_cast<unsigned short>(d);
+    store_k_block<false>(kf + 64 * b, qw, 0u);
+  }
 }
 
 /// The exact f32 value of V (key, dim) from a raw stage (SPEC §4: d·q + m in f32).
@@ -413,11 +468,30 @@ struct VerifyBlock {
   }
 
   /// Scores: s[jj][nt][e] for key 16mt + g + 8(e / 2) of m-tile mt = wk + WK·(j0 + jj), row
-  /// (nt, e % 2), from the converted tile in shared memory.
+  /// (nt, e % 2), from the converted tile in shared memory (accuracy.hpp (1)). kFolded: K̃ carries
+  /// d, the dot is one chain of D/16 mma. Otherwise (convert_k_exact's tile) per 32-value block
+  /// two mma into a fresh accumulator, × f32(d): block 0 by __fmul_rn, later ones by fmaf.
+  template <bool kFolded>
   __device__ __forceinline__ void compute_scores(int j0, Scores& s) const {
 #pragma unroll
     for (int jj = 0; jj < kNJ; ++jj) {
       const int mt = wk + WK * (j0 + jj);
+      const std::uint8_t* krow = smem + kKf + (16 * mt + k_lrow) * kF16Stride + 2 * k_lcol;
+      if constexpr (kFolded) {
+#pragma unroll
+        for (int nt = 0; nt < kNTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[jj][nt][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < kDimTiles; ++ks) {
+          unsigned a[4];
+          ldmatrix_x4<false>(a, krow + 32 * ks);
+#pragma unroll
+          for (int nt = 0; nt < kNTiles; ++nt)
+            mma_16816(s[jj][nt], a[0], a[1], a[2], a[3], qb[nt][ks][0], qb[nt][ks][1]);
+        }
+        continue;
+      }
       // d of blocks (2i, 2i + 1) of keys g, g + 8 of the m-tile.
       unsigned dk0[kBlocks / 2], dk1[kBlocks / 2];
       {
@@ -433,7 +507,6 @@ struct VerifyBlock {
           dk1[2 * i + 1] = x1.y;
         }
       }
-      const std::uint8_t* krow = smem + kKf + (16 * mt + k_lrow) * kF16Stride + 2 * k_lcol;
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b) {
         float c[kNTiles][4] = {};
@@ -701,16 +774,27 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma
     cp_async_wait<kVerifyStages - 2>();  // this thread's copies of tile i have landed
     __syncthreads();  // every thread's have; every warp is done with tile i − 1 (and its stage)
     b.copy(i + kVerifyStages - 1);
-    const bool special = __syncthreads_or(convert_tile<D>(smem, raw, valid));
+    const int flags = convert_tile<D>(smem, raw, valid);
     const int key_off = Block::kTile * i;  // the tile's first key, as an offset from lo
-    const bool f32_pv = wide_tile_on_cuda_cores(special, Block::kSite);
+    bool f32_pv = false, k_exact = false;
+    if (__syncthreads_or(flags)) {  // block-uniform; rare: a tile with a wide or bad block
+      f32_pv = wide_tile_on_cuda_cores(__syncthreads_or(flags & kWideV), Block::kSite);
+      k_exact = k_tile_unfolded(__syncthreads_or(flags & kWideK), Block::kSite);
+      if (k_exact) {
+        convert_k_exact<D>(smem, raw, valid);
+        __syncthreads();
+      }
+    }
 
     // kNJ m-tiles at a time (NOTE: not the whole tile: its scores and operands at once need more
     // than 255 registers), with one max update for them.
 #pragma unroll 1
     for (int j0 = 0; j0 < Block::kMy; j0 += Block::kNJ) {
       typename Block::Scores s;
-      b.compute_scores(j0, s);
+      if (k_exact)
+        b.template compute_scores<false>(j0, s);
+      else
+        b.template compute_scores<true>(j0, s);
       b.update_softmax(s, j0, key_off, valid, i == 0 && j0 == 0);
       b.accumulate_pv(s, j0, key_off, valid, raw, f32_pv);
     }

@@ -68,4 +68,25 @@ __device__ __forceinline__ bool wide_tile_on_cuda_cores(bool any_wide, MutantSit
   return any_wide;
 }
 
+/// Whether a verify tile whose vote found a K block with a scale beyond the fold
+/// (k_header_maybe_wide) is converted again without it: yes; under k_folded_on_wide_block, no.
+__device__ __forceinline__ bool k_tile_unfolded(bool any_wide, MutantSite site) {
+  if (KVLAYER_DEVICE_MUTANT(k_folded_on_wide_block) && any_wide) {
+    KVLAYER_MUTANT_REACHED(site);
+    return false;  // planted bug
+  }
+  return any_wide;
+}
+
+/// The d (fp16 bits) a thread folds into the quants of its j-th K block: that block's own d;
+/// under k_fold_first_block_scale, its first block's d for both.
+__device__ __forceinline__ unsigned k_fold_scale(unsigned d_bits, unsigned first_d_bits, int j,
+                                                 MutantSite site) {
+  if (KVLAYER_DEVICE_MUTANT(k_fold_first_block_scale) && j > 0) {
+    if (d_bits != first_d_bits) KVLAYER_MUTANT_REACHED(site);
+    return first_d_bits;  // planted bug
+  }
+  return d_bits;
+}
+
 }  // namespace kvlayer::cuda::detail::decode_impl

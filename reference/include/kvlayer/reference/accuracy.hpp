@@ -5,11 +5,14 @@
 //
 // Derivation, per query head h and output element e (u16 = 2^-11, u32 = 2^-24, D = head_dim).
 // Let õ, p̃ be the exact (float64) attention output and probabilities for q̃.
-//  - fp16 rounding of q is deterministic, so its effect is computed exactly, not bounded:
-//    e_q = |õ_e − o_e|.
+//  - fp16 rounding of q (and, for a fused shape, of d·q into K̃) is deterministic, so its effect
+//    is computed exactly, not bounded: e_q = |õ_e − o_e|, õ the decode of q̃ (and K̃).
 //  - f32 score error for q̃, per key: δ_t = scale·Σ_d|q̃_d·K_td|·c_dot + 8·u32·(1 + |s̃_t −
-//    max s̃|) (dot, scale multiply, exp argument), c_dot = (D + 4)·u32 on CUDA cores and
-//    2γ + (D/32 + 4)·u32 on tensor cores (block dot, × d, block sum, × scale).
+//    max s̃|) (dot, scale multiply, exp argument), c_dot = (D + 4)·u32 on CUDA cores,
+//    2γ + (D/32 + 4)·u32 on tensor cores (block dot, × d, block sum, × scale) and
+//    (D/16)·γ + u32 for a fused shape (one chain of D/16 mma on K̃, × scale). A fused shape's
+//    key within a tile's reach of a K block beyond the fold may use exact K instead: K_td is
+//    then the larger candidate and δ_t gains scale·Σ_d|q̃_d|·|K̃_td − K_td|.
 //  - The GPU's probabilities are p̂_t = A/(A + R), A = p̃_t·e^{ε_t}, R = Σ_{u≠t} p̃_u·e^{ε_u},
 //    |ε_u| ≤ δ_u (softmax is invariant to a common shift): increasing in A, decreasing in R,
 //    so p̂_t ∈ [lo_t, hi_t], the values at the extreme A and R. Contributes

@@ -34,6 +34,15 @@ float q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes> in);
 void dequantize_q5_1_block_fused_f16(std::span<const std::uint8_t, kQ5_1BlockBytes> in,
                                      std::span<double, kBlockValues> out);
 
+/// The K values a kernel with a fused shape multiplies for one q8_0 block (kvlayer/accuracy.hpp
+/// (1)): each exact d·q rounded once to fp16 (RNE, subnormals kept).
+void dequantize_q8_0_block_folded_f16(std::span<const std::uint8_t, kQ8_0BlockBytes> in,
+                                      std::span<double, kBlockValues> out);
+
+/// True when a q8_0 block's d keeps its key tile out of the fold (|d| > 511.75, or not finite;
+/// the kernels' k_header_maybe_wide).
+bool q8_0_header_may_be_wide(std::span<const std::uint8_t, kQ8_0BlockBytes> in);
+
 /// True when a q5_1 header may send some kernel to its f32 path for the block's key tile
 /// (|d| > 1024 or |m| > 32768, or a non-finite d or m; the kernels' v_header_maybe_wide).
 bool q5_1_header_may_be_wide(std::span<const std::uint8_t, kQ5_1BlockBytes> in);
