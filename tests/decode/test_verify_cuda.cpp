@@ -167,7 +167,7 @@ TEST(CudaVerify, KBlocksBeyondTheFoldKeepExactQuants) {
     SCOPED_TRACE(g.describe());
     cuda::KvLayer gpu(g, g.n_kv_heads * 8, stream.get());
     ref::KvLayer ref(g);
-    HostRows rows = make_rows(g, 300, DType::f32, Fill::random, rng);
+    HostRows rows = make_rows(g, 250, DType::f32, Fill::random, rng);
     std::int64_t beyond = 0, edge = 0;
     for (std::int64_t r = 0; r < rows.n; ++r) {
       const int kind = r % 97 == 5 ? 1 : r % 89 == 40 ? 2 : 0;  // rows 5, 102, 199 / 40, 129, 218

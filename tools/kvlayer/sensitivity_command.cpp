@@ -23,6 +23,7 @@
 #include "kvlayer/half.hpp"
 #include "kvlayer/reference/accuracy.hpp"
 #include "kvlayer/reference/kv_layer.hpp"
+#include "kvlayer/reference/quantize.hpp"
 #include "kvlayer/reference/systematic_check.hpp"
 
 #ifdef KVLAYER_WITH_CUDA
@@ -375,10 +376,15 @@ int run(const std::vector<std::string>& args) {
           b.append(row_bound);
         std::vector<std::vector<double>> k(static_cast<std::size_t>(keys)),
             v(static_cast<std::size_t>(keys));
+        // A fused shape multiplies K̃ = fp16(d·q) (accuracy.hpp (1)); the sweep's |K| < 20 never
+        // reaches a block beyond the fold, so every key takes K̃.
+        const bool k_tilde = shape.tensor_core && shape.k_fused_f16;
         for (std::int64_t t = 0; t < keys; ++t) {
           const auto kr = layer.dequantized_head(Plane::k, t, 0);
           const auto vr = layer.dequantized_head(Plane::v, t, 0);
           k[std::size_t(t)].assign(kr.begin(), kr.end());
+          if (k_tilde)
+            for (double& x : k[std::size_t(t)]) x = ref::round_to_f16(x);
           v[std::size_t(t)].assign(vr.begin(), vr.end());
         }
         const double scale = ref::default_scale(D);
@@ -409,7 +415,7 @@ int run(const std::vector<std::string>& args) {
         };
         const std::vector<Parts> clean_parts = attend_rows(scale, k, v, -1);
         const std::vector<double> clean = output(clean_parts, 0, 0);
-        // The own attention of fp16(q) must be the reference's õ (same values, another
+        // The own attention of fp16(q) (and K̃) must be the reference's õ (same values, another
         // summation order).
         double self = 0;
         for (std::size_t i = 0; i < clean.size(); ++i)
