@@ -627,17 +627,24 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
                     std::vector<double>(n_out, 0.0)};
   // Rounding point (5): one m16n8k16 accumulation is within γ of Σ|addends|.
   const double gamma = 2.0 * (kMmaK + 2) * u32;
-  // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)): a fused dot is
-  // one chain of D/16 mma then × scale; an unfused one per block two mma, × d, the block sum
-  // and × scale.
+  // Score error per unit of scale·Σ_d|q̃_d·K_td| (rounding points (1) and (5)): an unfused dot
+  // per block two mma, × d, the block sum and × scale. A fused dot is one chain of D/16 mma,
+  // then × scale: γ (in (N2) γ/4) per unit of the chain's addends (chain_weights below), and
+  // u32 per unit of the plain magnitude.
   const bool fused = shape.tensor_core && shape.k_fused_f16;
-  const double dot = fused               ? D / kMmaK * gamma + u32
+  const double dot = fused               ? u32
                      : shape.tensor_core ? 2 * gamma + (D / kBlockValues + 4) * u32
                                          : (D + 4) * u32;
-  const double dot_rms = fused ? D / kMmaK * gamma / 4 + std::sqrt(1.0 / 3) * u32
+  const double dot_rms = fused ? std::sqrt(1.0 / 3) * u32
                          : shape.tensor_core
                              ? gamma / 2 + std::sqrt((D / kBlockValues + 4) / 3) * u32
                              : std::sqrt((D + 4) / 3) * u32;
+  // A fused chain's k-step i (dims [16i, 16i + 16)) adds its products to the accumulator that
+  // every later step carries as its C (each |C| ≤ the sum of all earlier addends): step i's
+  // addends count in steps i … D/16 − 1, D/16 − i times in all (rounding point (5)).
+  Eigen::VectorXd chain_weights(g.head_dim_k);
+  for (int d = 0; d < g.head_dim_k; ++d)
+    chain_weights(d) = double(g.head_dim_k / kMmaK - d / kMmaK);
   const double rescales = double(shape.rescales >= 0 ? shape.rescales : shape.max_keys_per_split);
   // PV, and separately the row sums (each within this): the sequential chain (f32 adds, or γ
   // per chained mma, which also covers the row sum's shorter f32 chain), the rescales and the
@@ -687,8 +694,13 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
           s * (bc.c.k_fused.middleRows(first, n) * q_both.rightCols(gqa));
       return softmax_of_scores(std::move(scores));
     }();
-    const MatrixXd magnitude =
-        std::fabs(s) * (abs_k * q_both.rightCols(gqa).cwiseAbs());  // [keys × gqa]
+    // [keys × gqa] scale·Σ_d|q̃_d·K_td|, and for a fused shape beside it the chain's addends
+    // scale·Σ_d w_d·|q̃_d·K̃_td| (w = chain_weights), in one product.
+    MatrixXd q_abs(g.head_dim_k, fused ? 2 * gqa : gqa);
+    q_abs.leftCols(gqa) = q_both.rightCols(gqa).cwiseAbs();
+    if (fused) q_abs.rightCols(gqa) = chain_weights.asDiagonal() * q_abs.leftCols(gqa);
+    const MatrixXd magnitudes = std::fabs(s) * (abs_k * q_abs);
+    const auto magnitude = magnitudes.leftCols(gqa);
     // Near a K block beyond the fold a key's score may come from either candidate of K: their
     // whole difference is a score error, in the bound and in (N2).
     const MatrixXd k_shift = bc.c.k_either.size() > 0
@@ -704,6 +716,10 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
       // (N2)'s RMS score error: the mma truncations at a quarter of γ each (uniform below their
       // worst case, not zero-mean), the f32 roundings at their root-sum-square.
       delta_rms.col(j) = magnitude.col(j) * dot_rms + (2 * u32 * (1.0 + x.array().abs())).matrix();
+      if (fused) {
+        delta += gamma * magnitudes.col(gqa + j);
+        delta_rms.col(j) += gamma / 4 * magnitudes.col(gqa + j);
+      }
       if (k_shift.size() > 0) {
         delta += k_shift.col(j);
         delta_rms.col(j) += k_shift.col(j);

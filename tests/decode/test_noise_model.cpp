@@ -133,7 +133,14 @@ TEST(NoiseModel, ExpectedMultipliesTheValuesTheKernelsMultiply) {
   const Geometry g = flat_geometry(1, 64, 64, 4);
   KvLayer l(g);
   Rng rng(fresh_seed());
-  l.append(random_rows(g, 1, rng).f32_view());
+  // A row some of whose values fp16 does not hold (about 1 in 300 varied rows it holds all).
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    l = KvLayer(g);
+    l.append(random_rows(g, 1, rng).f32_view());
+    const auto f = l.dequantized_row(Plane::v, 0);
+    const auto h = fused_row(l, 0, 64);
+    if (!std::equal(h.begin(), h.end(), f.begin(), [](double a, float b) { return a == b; })) break;
+  }
   const auto q = random_query(g, 1, rng);
   const auto f32 = l.dequantized_row(Plane::v, 0);
   const auto fused = fused_row(l, 0, 64);

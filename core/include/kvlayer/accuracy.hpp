@@ -29,8 +29,10 @@
 //      itself, so one mma's error is ≤ (k + 2)·2^-23·Σ|addends| = γ·Σ|addends|,
 //      γ = 2(k + 2)·u32 = 36·u32. A 32-value block's dot is two chained mma into a fresh
 //      accumulator: ≤ γ(2Σ₁ + Σ₂) ≤ 2γ·Σ_block|q̃·K|. A chain of c mma steps (each |C| ≤ the
-//      sum of all earlier addends) errs by ≤ γ·c·Σ|addends|: a PV accumulator's c =
-//      pv_mma_steps on Σ_t|p̃16_t·Ṽ_te|, a fused dot's c = head_dim/16 on Σ_d|q̃_d·K̃_d|.
+//      sum of all earlier addends) errs by ≤ γ·Σ_i (c − i)·Σ_i (Σ_i: step i's addends, i from
+//      0): ≤ γ·c·Σ|addends|. A PV accumulator takes the latter, c = pv_mma_steps, on
+//      Σ_t|p̃16_t·Ṽ_te|; a fused dot the former, c = head_dim/16, on its products |q̃_d·K̃_d|:
+//      Σ_d w_d·|q̃_d·K̃_d|, w_d = head_dim/16 − ⌊d/16⌋.
 //
 // Noise model of the declared statistical check (issue #34; the reference computes it as
 // DecodeBound::expected and ::sigma, ref::SystematicCheck applies it). Not a bound: where the
@@ -50,9 +52,10 @@
 //       lies in one split) by more than both scores' worst-case errors.
 //  (N2) score errors (1), (2), (5): per key an RMS δ_t = scale·Σ_d|q̃_d·K_td|·c + 2·u32·(1 +
 //       |s_t − max s|), c = γ/2 + √((D/32 + 4)/3)·u32 on tensor cores (each mma's truncations
-//       at a quarter of γ: below their worst case but one-signed), (D/16)·γ/4 + √(1/3)·u32
-//       for a fused dot (its chain's truncations, each on the running sum), √((D + 4)/3)·u32
-//       on CUDA cores; it acts as Σ_t p̂_t·ε_t·(V_te − expected_e) (the row sum sees it too).
+//       at a quarter of γ: below their worst case but one-signed), √((D + 4)/3)·u32 on CUDA
+//       cores; a fused dot's δ_t = scale·(γ/4·Σ_d w_d·|q̃_d·K̃_td| + √(1/3)·u32·Σ_d|q̃_d·K̃_td|)
+//       (its chain's truncations on (5)'s weighted addends, the scale's rounding) + the same
+//       2·u32 term; it acts as Σ_t p̂_t·ε_t·(V_te − expected_e) (the row sum sees it too).
 //  (N1) and (N2) add coherently, (Σ a)² where that exceeds Σ a², within each group of keys
 //       whose s − max s agree to 2^-16 (the same p rounds alike: repeated rows, integers).
 //  (N3) the f32 and fp16 candidates of (N0)'s keys: their whole difference, weighted by p̂².

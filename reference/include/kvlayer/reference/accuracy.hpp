@@ -9,8 +9,11 @@
 //    is computed exactly, not bounded: e_q = |õ_e − o_e|, õ the decode of q̃ (and K̃).
 //  - f32 score error for q̃, per key: δ_t = scale·Σ_d|q̃_d·K_td|·c_dot + 8·u32·(1 + |s̃_t −
 //    max s̃|) (dot, scale multiply, exp argument), c_dot = (D + 4)·u32 on CUDA cores,
-//    2γ + (D/32 + 4)·u32 on tensor cores (block dot, × d, block sum, × scale) and
-//    (D/16)·γ + u32 for a fused shape (one chain of D/16 mma on K̃, × scale). A fused shape's
+//    2γ + (D/32 + 4)·u32 on tensor cores (block dot, × d, block sum, × scale); for a fused
+//    shape (one chain of D/16 mma on K̃, × scale) δ_t = scale·(γ·Σ_d w_d·|q̃_d·K̃_td| +
+//    u32·Σ_d|q̃_d·K̃_td|) + the same exp-argument term, w_d = D/16 − ⌊d/16⌋ (the chain's steps
+//    that carry dim d's product, accuracy.hpp (5)): ≤ (D/16)·γ + u32, about half that for a
+//    key whose products spread evenly over the steps. A fused shape's
 //    key within a tile's reach of a K block beyond the fold may use exact K instead: K_td is
 //    then the larger candidate and δ_t gains scale·Σ_d|q̃_d|·|K̃_td − K_td|.
 //  - The GPU's probabilities are p̂_t = A/(A + R), A = p̃_t·e^{ε_t}, R = Σ_{u≠t} p̃_u·e^{ε_u},
