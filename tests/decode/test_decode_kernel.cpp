@@ -221,7 +221,7 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   const kvlayer::AccumulationShape q8 = cuda::detail::verify_accumulation_shape(q, 8);
   EXPECT_EQ(q8.pv_mma_steps, q8.max_keys_per_split / 32 * 2);
   EXPECT_EQ(q8.rescales, q8.max_keys_per_split / 32 + 1);
-  EXPECT_TRUE(q8.k_fused_f16);
+  EXPECT_FALSE(q8.k_fused_f16);  // verify_folds_k: head dim 128 only
   // The staged verify (head dim 64): 16 rows per block, every 4th 16-key tile per warp.
   auto r = plan_decode(4, 64, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(r, 16, 131072, 132);

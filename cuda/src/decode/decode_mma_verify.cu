@@ -3,11 +3,12 @@
 // Same grid, partition of the views' union in 64-key granules, partial format, device-mode
 // checks and merge kernel as every split kernel (decode_common.cuh). Rounding points
 // (kvlayer/accuracy.hpp (1)–(5)), as decode_mma_direct.cu implements them:
-//  (1) q̃ = fp16(q); K̃ = fp16(d·q) by one HMUL2 of the exact quants (convert_tile); the dot one
-//      chain of D/16 m16n8k16 mma from zero; × scale (__fmul_rn). A tile holding a K block
-//      whose d is beyond the fold (|d| > 511.75 or not finite) is converted again with exact
-//      quants (convert_k_exact): per 32-value block two mma into a fresh f32 accumulator,
-//      × f32(d), block 0 by __fmul_rn, each later block by fmaf(c, d, s).
+//  (1) q̃ = fp16(q). Head dim 128 (verify_folds_k): K̃ = fp16(d·q) by one HMUL2 of the exact
+//      quants (convert_tile), the dot one chain of D/16 m16n8k16 mma from zero, × scale
+//      (__fmul_rn); a tile holding a K block whose d is beyond the fold (|d| > 511.75 or not
+//      finite) is converted again with exact quants (convert_k_exact). Exact quants (head dim
+//      256, and those tiles): per 32-value block two mma into a fresh f32 accumulator, × f32(d),
+//      block 0 by __fmul_rn, each later block by fmaf(c, d, s); × scale.
 //  (2) online softmax in f32, one max update per step of one or two 16-key m-tiles
 //      (verify_softmax_steps), IEEE exp2f, finite sentinel.
 //  (3) p rounded to fp16 for PV; V = d·q + m by one HFMA2 (the exact value rounded once to
@@ -176,6 +177,7 @@ template <int D>
 __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8_t* raw,
                                             int valid) {
   using S = VerifyShape<D>;
+  static_assert(verify_folds_k(D));
   const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
   std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
   std::uint8_t* vf = smem + S::kVf + key * S::kF16Stride;
@@ -241,6 +243,102 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8
           make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
   }
   return (wide ? kWideV : 0) | (wide_k ? kWideK : 0);
+}
+
+/// convert_tile for a head dim that keeps exact quants (verify_folds_k false): the fp16 stage gets
+/// K quants and their d apart (as before the fold, and compiled as then). The block-wide conversion
+/// of a raw stage into the fp16 stage. Thread c converts key c % kTile,
+/// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
+/// their parity, and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is
+/// 0, and 0 · 0 keeps every row finite). Returns whether one of this thread's V blocks may leave
+/// fp16's range or is not finite (v_header_maybe_wide).
+template <int D>
+__device__ __forceinline__ bool convert_tile_unfolded(std::uint8_t* smem, const std::uint8_t* raw,
+                                                      int valid) {
+  using S = VerifyShape<D>;
+  const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
+  std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
+  std::uint8_t* vf = smem + S::kVf + key * S::kF16Stride;
+  auto* kd = reinterpret_cast<unsigned short*>(smem + S::kKd) + key * S::kBlocks;
+  if (key >= valid) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int b = b0 + S::kBStep * j;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      kd[b] = 0;
+    }
+    return false;
+  }
+  bool wide = false;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int b = b0 + S::kBStep * j;
+    // ---- K block b: d at byte 34b of the key's span, its 32 quants after it. Even b: the block
+    // is 4-byte aligned (quants at 2 mod 4, funnelled from 9 words); odd b: its quants are.
+    const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * b;
+    unsigned qw[8];
+    if ((b0 & 1) == 0) {
+      const unsigned* w = reinterpret_cast<const unsigned*>(kb);
+      unsigned x[9];
+#pragma unroll
+      for (int i = 0; i < 9; ++i) x[i] = w[i];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qw[i] = __byte_perm(x[i], x[i + 1], 0x5432);
+      kd[b] = static_cast<unsigned short>(x[0] & 0xffffu);
+    } else {
+      const unsigned* w = reinterpret_cast<const unsigned*>(kb + 2);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qw[i] = w[i];
+      kd[b] = *reinterpret_cast<const unsigned short*>(kb);
+    }
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const unsigned u0 = qw[2 * c] ^ 0x80808080u, u1 = qw[2 * c + 1] ^ 0x80808080u;
+      *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) =
+          make_uint4(int8_pair_to_f16x2(u0, 0), int8_pair_to_f16x2(u0, 1),
+                     int8_pair_to_f16x2(u1, 0), int8_pair_to_f16x2(u1, 1));
+    }
+
+    // ---- V block b (d | m << 16, qh, 16 qs bytes): quant j < 16 is the low nibble of qs[j],
+    // j ≥ 16 the high nibble of qs[j − 16], bit j of qh its fifth bit. The pair (j, j + 1) as
+    // fp16x2: 1024 + q (nibble in bits 0..3, fifth bit in bit 4) or 64 + q (nibble in bits
+    // 4..7, fifth bit in bit 8), minus the bias exactly, then d·q + m rounded once (HFMA2).
+    const std::uint8_t* vb = raw + S::kRawK + key * S::kVStride + kQ5_1BlockBytes * b;
+    const uint2 hdr = q5_1_header(vb);
+    const uint2 qa = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles);
+    const uint2 qb2 = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles + 8);
+    wide = wide || v_header_maybe_wide(hdr.x);
+    const __half2 d2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x1010));
+    const __half2 m2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x3232));
+    // Fifth bits j and j + 1 (j even) at bits j and j + 16 of y (low quants), of y_hi (high).
+    const unsigned lo16 = hdr.y & 0xffffu, hi16 = hdr.y >> 16;
+    const unsigned y_lo = lo16 | (lo16 << 15), y_hi = hi16 | (hi16 << 15);
+    const unsigned qs[4] = {qa.x, qa.y, qb2.x, qb2.y};
+    unsigned v[16];
+    const auto pair = [&](auto i_c) {
+      constexpr int i = decltype(i_c)::value;  // quants 2i, 2i + 1 and 16 + 2i, 17 + 2i
+      const unsigned bytes = __byte_perm(qs[i / 2], 0u, (i & 1) ? 0x4342u : 0x4140u);
+      v[i] = h2_bits(__hfma2(d2, v_quant_f16x2<0, 2 * i>(bytes, y_lo, 0x64006400u), m2));
+      v[8 + i] = h2_bits(__hfma2(d2, v_quant_f16x2<4, 2 * i>(bytes, y_hi, 0x54005400u), m2));
+    };
+    pair(std::integral_constant<int, 0>{});
+    pair(std::integral_constant<int, 1>{});
+    pair(std::integral_constant<int, 2>{});
+    pair(std::integral_constant<int, 3>{});
+    pair(std::integral_constant<int, 4>{});
+    pair(std::integral_constant<int, 5>{});
+    pair(std::integral_constant<int, 6>{});
+    pair(std::integral_constant<int, 7>{});
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+      *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) =
+          make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+  }
+  return wide;
 }
 
 /// The tile's K again, exact quants and their d apart (the path of accuracy.hpp (1) for a tile
@@ -774,16 +872,21 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(SplitKernel::mma
     cp_async_wait<kVerifyStages - 2>();  // this thread's copies of tile i have landed
     __syncthreads();  // every thread's have; every warp is done with tile i − 1 (and its stage)
     b.copy(i + kVerifyStages - 1);
-    const int flags = convert_tile<D>(smem, raw, valid);
     const int key_off = Block::kTile * i;  // the tile's first key, as an offset from lo
-    bool f32_pv = false, k_exact = false;
-    if (__syncthreads_or(flags)) {  // block-uniform; rare: a tile with a wide or bad block
-      f32_pv = wide_tile_on_cuda_cores(__syncthreads_or(flags & kWideV), Block::kSite);
-      k_exact = k_tile_unfolded(__syncthreads_or(flags & kWideK), Block::kSite);
-      if (k_exact) {
-        convert_k_exact<D>(smem, raw, valid);
-        __syncthreads();
+    bool f32_pv = false, k_exact = !verify_folds_k(D);
+    if constexpr (verify_folds_k(D)) {
+      const int flags = convert_tile<D>(smem, raw, valid);
+      if (__syncthreads_or(flags)) {  // block-uniform; rare: a tile with a wide or bad block
+        f32_pv = wide_tile_on_cuda_cores(__syncthreads_or(flags & kWideV), Block::kSite);
+        k_exact = k_tile_unfolded(__syncthreads_or(flags & kWideK), Block::kSite);
+        if (k_exact) {
+          convert_k_exact<D>(smem, raw, valid);
+          __syncthreads();
+        }
       }
+    } else {
+      const bool special = __syncthreads_or(convert_tile_unfolded<D>(smem, raw, valid));
+      f32_pv = wide_tile_on_cuda_cores(special, Block::kSite);
     }
 
     // kNJ m-tiles at a time (NOTE: not the whole tile: its scores and operands at once need more

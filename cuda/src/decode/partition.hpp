@@ -34,6 +34,14 @@ __host__ __device__ constexpr int verify_group_rows(int head_dim) {
   return head_dim == 128 ? 16 : 8;
 }
 
+/// Whether decode_mma_verify.cu folds each K block's d into its fp16 K (accuracy.hpp (1), fused
+/// form; the plan's AccumulationShape::k_fused_f16): at head dim 128. At 256 the fold gained
+/// only 3-4 % and its 16-step chain cost the declared check an octave of resolution at ≤ 4K
+/// keys (bench/NOTES.md, session 27).
+__host__ __device__ constexpr bool verify_folds_k(int head_dim) {
+  return head_dim == 128;
+}
+
 /// Warp row groups per decode_mma_verify.cu block for T·gqa = rows: 1, 2 or 4 (at least 2 at
 /// head dim 256, whose 32-key tile has two m-tiles for at most two key groups), the other
 /// factor of its kDecodeMmaWarps warps splitting each tile's keys.

@@ -251,7 +251,7 @@ kvlayer::AccumulationShape verify_shape(const DecodePlan& plan, int T, std::int6
   shape.rescales = tiles * updates_per_tile + 1;  // + the block's merge of its warps
   shape.tensor_core = true;
   shape.pv_mma_steps = tiles * steps_per_tile;
-  shape.k_fused_f16 = choice.kernel == SplitKernel::mma_verify;  // convert_tile folds d
+  shape.k_fused_f16 = choice.kernel == SplitKernel::mma_verify && verify_folds_k(plan.head_dim);
   return shape;
 }
 
