@@ -166,6 +166,48 @@ __device__ __forceinline__ void store_k_block(std::uint8_t* slot, const unsigned
   }
 }
 
+/// V block b of a key in a raw stage into its 64-byte slot of the key's fp16 row; returns whether
+/// its header may leave fp16's range or is not finite (v_header_maybe_wide).
+template <int D>
+__device__ __forceinline__ bool convert_v_block(std::uint8_t* slot, const std::uint8_t* raw,
+                                                int key, int b) {
+  // ---- V block b (d | m << 16, qh, 16 qs bytes): quant j < 16 is the low nibble of qs[j],
+  // j ≥ 16 the high nibble of qs[j − 16], bit j of qh its fifth bit. The pair (j, j + 1) as
+  // fp16x2: 1024 + q (nibble in bits 0..3, fifth bit in bit 4) or 64 + q (nibble in bits
+  // 4..7, fifth bit in bit 8), minus the bias exactly, then d·q + m rounded once (HFMA2).
+  using S = VerifyShape<D>;
+  const std::uint8_t* vb = raw + S::kRawK + key * S::kVStride + kQ5_1BlockBytes * b;
+  const uint2 hdr = q5_1_header(vb);
+  const uint2 qa = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles);
+  const uint2 qb2 = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles + 8);
+  const __half2 d2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x1010));
+  const __half2 m2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x3232));
+  // Fifth bits j and j + 1 (j even) at bits j and j + 16 of y (low quants), of y_hi (high).
+  const unsigned lo16 = hdr.y & 0xffffu, hi16 = hdr.y >> 16;
+  const unsigned y_lo = lo16 | (lo16 << 15), y_hi = hi16 | (hi16 << 15);
+  const unsigned qs[4] = {qa.x, qa.y, qb2.x, qb2.y};
+  unsigned v[16];
+  const auto pair = [&](auto i_c) {
+    constexpr int i = decltype(i_c)::value;  // quants 2i, 2i + 1 and 16 + 2i, 17 + 2i
+    const unsigned bytes = __byte_perm(qs[i / 2], 0u, (i & 1) ? 0x4342u : 0x4140u);
+    v[i] = h2_bits(__hfma2(d2, v_quant_f16x2<0, 2 * i>(bytes, y_lo, 0x64006400u), m2));
+    v[8 + i] = h2_bits(__hfma2(d2, v_quant_f16x2<4, 2 * i>(bytes, y_hi, 0x54005400u), m2));
+  };
+  pair(std::integral_constant<int, 0>{});
+  pair(std::integral_constant<int, 1>{});
+  pair(std::integral_constant<int, 2>{});
+  pair(std::integral_constant<int, 3>{});
+  pair(std::integral_constant<int, 4>{});
+  pair(std::integral_constant<int, 5>{});
+  pair(std::integral_constant<int, 6>{});
+  pair(std::integral_constant<int, 7>{});
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+    *reinterpret_cast<uint4*>(slot + 16 * c) =
+        make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+  return v_header_maybe_wide(hdr.x);
+}
+
 /// The block-wide conversion of a raw stage into the fp16 stage. Thread c converts key c % kTile,
 /// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
 /// their parity, and with it the K alignment). K gets its block scale folded in (K̃ = fp16(d·q),
@@ -207,40 +249,7 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8
     store_k_block<true>(kf + 64 * b, qw,
                         k_fold_scale(d, first_d, j, MutantSite::decode_mma_verify));
 
-    // ---- V block b (d | m << 16, qh, 16 qs bytes): quant j < 16 is the low nibble of qs[j],
-    // j ≥ 16 the high nibble of qs[j − 16], bit j of qh its fifth bit. The pair (j, j + 1) as
-    // fp16x2: 1024 + q (nibble in bits 0..3, fifth bit in bit 4) or 64 + q (nibble in bits
-    // 4..7, fifth bit in bit 8), minus the bias exactly, then d·q + m rounded once (HFMA2).
-    const std::uint8_t* vb = raw + S::kRawK + key * S::kVStride + kQ5_1BlockBytes * b;
-    const uint2 hdr = q5_1_header(vb);
-    const uint2 qa = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles);
-    const uint2 qb2 = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles + 8);
-    wide = wide || v_header_maybe_wide(hdr.x);
-    const __half2 d2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x1010));
-    const __half2 m2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x3232));
-    // Fifth bits j and j + 1 (j even) at bits j and j + 16 of y (low quants), of y_hi (high).
-    const unsigned lo16 = hdr.y & 0xffffu, hi16 = hdr.y >> 16;
-    const unsigned y_lo = lo16 | (lo16 << 15), y_hi = hi16 | (hi16 << 15);
-    const unsigned qs[4] = {qa.x, qa.y, qb2.x, qb2.y};
-    unsigned v[16];
-    const auto pair = [&](auto i_c) {
-      constexpr int i = decltype(i_c)::value;  // quants 2i, 2i + 1 and 16 + 2i, 17 + 2i
-      const unsigned bytes = __byte_perm(qs[i / 2], 0u, (i & 1) ? 0x4342u : 0x4140u);
-      v[i] = h2_bits(__hfma2(d2, v_quant_f16x2<0, 2 * i>(bytes, y_lo, 0x64006400u), m2));
-      v[8 + i] = h2_bits(__hfma2(d2, v_quant_f16x2<4, 2 * i>(bytes, y_hi, 0x54005400u), m2));
-    };
-    pair(std::integral_constant<int, 0>{});
-    pair(std::integral_constant<int, 1>{});
-    pair(std::integral_constant<int, 2>{});
-    pair(std::integral_constant<int, 3>{});
-    pair(std::integral_constant<int, 4>{});
-    pair(std::integral_constant<int, 5>{});
-    pair(std::integral_constant<int, 6>{});
-    pair(std::integral_constant<int, 7>{});
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-      *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) =
-          make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    wide = convert_v_block<D>(vf + 64 * b, raw, key, b) || wide;
   }
   return (wide ? kWideV : 0) | (wide_k ? kWideK : 0);
 }
@@ -303,40 +312,7 @@ __device__ __forceinline__ bool convert_tile_unfolded(std::uint8_t* smem, const 
                      int8_pair_to_f16x2(u1, 0), int8_pair_to_f16x2(u1, 1));
     }
 
-    // ---- V block b (d | m << 16, qh, 16 qs bytes): quant j < 16 is the low nibble of qs[j],
-    // j ≥ 16 the high nibble of qs[j − 16], bit j of qh its fifth bit. The pair (j, j + 1) as
-    // fp16x2: 1024 + q (nibble in bits 0..3, fifth bit in bit 4) or 64 + q (nibble in bits
-    // 4..7, fifth bit in bit 8), minus the bias exactly, then d·q + m rounded once (HFMA2).
-    const std::uint8_t* vb = raw + S::kRawK + key * S::kVStride + kQ5_1BlockBytes * b;
-    const uint2 hdr = q5_1_header(vb);
-    const uint2 qa = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles);
-    const uint2 qb2 = *reinterpret_cast<const uint2*>(vb + kQ5_1Nibbles + 8);
-    wide = wide || v_header_maybe_wide(hdr.x);
-    const __half2 d2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x1010));
-    const __half2 m2 = as_h2(__byte_perm(hdr.x, hdr.x, 0x3232));
-    // Fifth bits j and j + 1 (j even) at bits j and j + 16 of y (low quants), of y_hi (high).
-    const unsigned lo16 = hdr.y & 0xffffu, hi16 = hdr.y >> 16;
-    const unsigned y_lo = lo16 | (lo16 << 15), y_hi = hi16 | (hi16 << 15);
-    const unsigned qs[4] = {qa.x, qa.y, qb2.x, qb2.y};
-    unsigned v[16];
-    const auto pair = [&](auto i_c) {
-      constexpr int i = decltype(i_c)::value;  // quants 2i, 2i + 1 and 16 + 2i, 17 + 2i
-      const unsigned bytes = __byte_perm(qs[i / 2], 0u, (i & 1) ? 0x4342u : 0x4140u);
-      v[i] = h2_bits(__hfma2(d2, v_quant_f16x2<0, 2 * i>(bytes, y_lo, 0x64006400u), m2));
-      v[8 + i] = h2_bits(__hfma2(d2, v_quant_f16x2<4, 2 * i>(bytes, y_hi, 0x54005400u), m2));
-    };
-    pair(std::integral_constant<int, 0>{});
-    pair(std::integral_constant<int, 1>{});
-    pair(std::integral_constant<int, 2>{});
-    pair(std::integral_constant<int, 3>{});
-    pair(std::integral_constant<int, 4>{});
-    pair(std::integral_constant<int, 5>{});
-    pair(std::integral_constant<int, 6>{});
-    pair(std::integral_constant<int, 7>{});
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-      *reinterpret_cast<uint4*>(vf + 64 * b + 16 * c) =
-          make_uint4(v[4 * c], v[4 * c + 1], v[4 * c + 2], v[4 * c + 3]);
+    wide = convert_v_block<D>(vf + 64 * b, raw, key, b) || wide;
   }
   return wide;
 }
@@ -400,8 +376,8 @@ struct VerifyBlock {
   static constexpr int kMy = S::kMTiles / WK;                         // m-tiles per warp and tile
   static constexpr int kNJ = kMy >= kVerifyPairs ? kVerifyPairs : 1;  // m-tiles per softmax step
   // The plan's accumulation shape (verify_accumulation_shape) counts these.
-  static_assert(WR == verify_row_groups(D, kGR * WR) && kMy == verify_warp_mtiles(D, kGR * WR) &&
-                kMy / kNJ == verify_softmax_steps(D, kGR * WR));
+  static_assert(WR == verify_row_groups(D, kGR* WR) && kMy == verify_warp_mtiles(D, kGR* WR) &&
+                kMy / kNJ == verify_softmax_steps(D, kGR* WR));
   static constexpr MutantSite kSite = MutantSite::decode_mma_verify;
   using QFrags = unsigned[kNTiles][kDimTiles][2];
   using RowBounds = int[kNTiles][2];
