@@ -41,8 +41,8 @@
 //    converted and computed), a block-wide conversion into one fp16 stage (K̃, V values), then
 //    the mma phase. Two barriers per tile; the second is a __syncthreads_or that also tells
 //    every warp whether the tile holds a wide or bad block (then two more votes say which).
-//  - K carries its block scale (K̃ = fp16(d·q)), so the dot is one mma chain with no per-block
-//    f32 fix-up of each score (session 26: −7.4% at T = 8, −8.0% at T = 16, 128K).
+//  - At head dim 128, K carries its block scale (K̃ = fp16(d·q)), so the dot is one mma chain
+//    with no per-block f32 fix-up of each score.
 //  - fp16 rows are 2·D + 16 bytes: the 8 row addresses of an ldmatrix hit all 32 banks.
 //  - The softmax skips the masks for m-tiles whose keys every real row of the warp attends.
 #include <cuda_fp16.h>
@@ -255,8 +255,9 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8
 }
 
 /// convert_tile for a head dim that keeps exact quants (verify_folds_k false): the fp16 stage gets
-/// K quants and their d apart (as before the fold, and compiled as then). The block-wide conversion
-/// of a raw stage into the fp16 stage. Thread c converts key c % kTile,
+/// K quants and their d apart. (Its K loads are written out: through load_k_block the compiled
+/// kernel changes.) The block-wide conversion of a raw stage into the fp16 stage. Thread c
+/// converts key c % kTile,
 /// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
 /// their parity, and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is
 /// 0, and 0 · 0 keeps every row finite). Returns whether one of this thread's V blocks may leave
@@ -376,8 +377,8 @@ struct VerifyBlock {
   static constexpr int kMy = S::kMTiles / WK;                         // m-tiles per warp and tile
   static constexpr int kNJ = kMy >= kVerifyPairs ? kVerifyPairs : 1;  // m-tiles per softmax step
   // The plan's accumulation shape (verify_accumulation_shape) counts these.
-  static_assert(WR == verify_row_groups(D, kGR* WR) && kMy == verify_warp_mtiles(D, kGR* WR) &&
-                kMy / kNJ == verify_softmax_steps(D, kGR* WR));
+  static_assert(WR == verify_row_groups(D, kGR * WR) && kMy == verify_warp_mtiles(D, kGR * WR) &&
+                kMy / kNJ == verify_softmax_steps(D, kGR * WR));
   static constexpr MutantSite kSite = MutantSite::decode_mma_verify;
   using QFrags = unsigned[kNTiles][kDimTiles][2];
   using RowBounds = int[kNTiles][2];

@@ -35,9 +35,8 @@ __host__ __device__ constexpr int verify_group_rows(int head_dim) {
 }
 
 /// Whether decode_mma_verify.cu folds each K block's d into its fp16 K (accuracy.hpp (1), fused
-/// form; the plan's AccumulationShape::k_fused_f16): at head dim 128. At 256 the fold gained
-/// only 3-4 % and its 16-step chain cost the declared check an octave of resolution at ≤ 4K
-/// keys (bench/NOTES.md, session 27).
+/// form; the plan's AccumulationShape::k_fused_f16): at head dim 128. At 256 the 16-step chain
+/// would leave the declared check short of its resolution target (bench/NOTES.md).
 __host__ __device__ constexpr bool verify_folds_k(int head_dim) {
   return head_dim == 128;
 }
