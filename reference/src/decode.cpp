@@ -38,11 +38,11 @@ struct HeadCache {
   /// reach of a block whose header may take a kernel's f32 path), and for those keys
   /// |fused − f32|, the other candidate (noise model (N0), (N3)).
   MatrixXdR v_fused, v_either;
-  bool any_either = false;  ///< v_either has a nonzero value
   /// Gathered for a fused shape only (AccumulationShape::k_fused_f16; else empty):
   /// [keys × head_dim_k] the K the kernel multiplies (accuracy.hpp (1): fp16(d·q); the exact
   /// value for a key within a tile's reach of a block beyond the fold), and for those keys
-  /// |fp16(d·q) − d·q|, the other candidate (allocated only when some key has one).
+  /// |fp16(d·q) − d·q|, the other candidate.
+  /// v_either and k_either are allocated only when some key has a nonzero one.
   MatrixXdR k_fused, k_either;
   Eigen::Index first(const DecodeView& view) const { return Eigen::Index(view.begin - begin); }
   Eigen::Index keys(const DecodeView& view) const { return Eigen::Index(view.end - view.begin); }
@@ -102,6 +102,24 @@ std::vector<char> near_wide_blocks(const KvLayer& layer, int kv_head, const Deco
   return near;
 }
 
+/// For the keys `near` a block that sends its tile to a kernel's other path: `used` (the value
+/// one path multiplies) takes the exact value, and `either` (allocated on the first need) the
+/// distance to the candidate it had, where both are finite and differ.
+void keep_exact_near(const std::vector<char>& near, const MatrixXdR& exact, MatrixXdR& used,
+                     MatrixXdR& either) {
+  for (Eigen::Index t = 0; t < exact.rows(); ++t) {
+    if (!near[std::size_t(t)]) continue;
+    for (Eigen::Index e = 0; e < exact.cols(); ++e) {
+      const double x = exact(t, e), f = used(t, e);
+      used(t, e) = x;
+      if (std::isfinite(x) && std::isfinite(f) && f != x) {
+        if (either.size() == 0) either.setZero(exact.rows(), exact.cols());
+        either(t, e) = std::fabs(f - x);
+      }
+    }
+  }
+}
+
 /// The keys [view.begin, view.end) of one KV head (physical row = key − view.base); with
 /// tensor_core also V as the tensor-core kernels multiply it, with k_fused K as a fused shape's
 /// kernel does (accuracy.hpp (1), (3)).
@@ -114,19 +132,25 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
   c.k.resize(n, g.head_dim_k);
   c.v.resize(n, g.head_dim_v);
   c.v_dequant_mag.resize(n, g.head_dim_v);
-  if (tensor_core) {
-    c.v_fused.resize(n, g.head_dim_v);
-    c.v_either.setZero(n, g.head_dim_v);
-  }
+  if (tensor_core) c.v_fused.resize(n, g.head_dim_v);
+  if (k_fused) c.k_fused.resize(n, g.head_dim_k);
   std::array<double, kBlockValues> fused{};
   // One buffer per plane for the whole view (dequantized_head would allocate per row).
   std::vector<float> k(std::size_t(g.head_dim_k)), v(std::size_t(g.head_dim_v));
   for (std::int64_t t = 0; t < n; ++t) {
     const std::int64_t phys = view.begin + t - view.base;
-    dequantize_row(BlockType::q8_0, layer.head_bytes(Plane::k, phys, kv_head), k);
+    const std::span<const std::uint8_t> k_bytes = layer.head_bytes(Plane::k, phys, kv_head);
+    dequantize_row(BlockType::q8_0, k_bytes, k);
     const std::span<const std::uint8_t> v_bytes = layer.head_bytes(Plane::v, phys, kv_head);
     dequantize_row(BlockType::q5_1, v_bytes, v);
     for (int d = 0; d < g.head_dim_k; ++d) c.k(t, d) = k[std::size_t(d)];
+    for (int b = 0; k_fused && b < g.head_dim_k; b += kBlockValues) {
+      dequantize_q8_0_block_folded_f16(
+          std::span<const std::uint8_t, kQ8_0BlockBytes>(
+              k_bytes.data() + (b / kBlockValues) * kQ8_0BlockBytes, kQ8_0BlockBytes),
+          fused);
+      for (int j = 0; j < kBlockValues; ++j) c.k_fused(t, b + j) = fused[std::size_t(j)];
+    }
     for (int b = 0; b < g.head_dim_v; b += kBlockValues) {
       const double m = q5_1_block_min(std::span<const std::uint8_t, kQ5_1BlockBytes>(
           v_bytes.data() + (b / kBlockValues) * kQ5_1BlockBytes, kQ5_1BlockBytes));
@@ -146,52 +170,22 @@ HeadCache gather_head(const KvLayer& layer, int kv_head, const DecodeView& view,
   if (k_fused) {
     // A kernel folds d into a whole key tile's K unless one of its blocks' d is beyond the
     // fold: every key within a tile's reach of such a block may get either value.
-    c.k_fused.resize(n, g.head_dim_k);
-    for (std::int64_t t = 0; t < n; ++t) {
-      const std::span<const std::uint8_t> bytes =
-          layer.head_bytes(Plane::k, view.begin + t - view.base, kv_head);
-      for (int b = 0; b < g.head_dim_k; b += kBlockValues) {
-        dequantize_q8_0_block_folded_f16(
-            std::span<const std::uint8_t, kQ8_0BlockBytes>(
-                bytes.data() + (b / kBlockValues) * kQ8_0BlockBytes, kQ8_0BlockBytes),
-            fused);
-        for (int j = 0; j < kBlockValues; ++j) c.k_fused(t, b + j) = fused[std::size_t(j)];
-      }
-    }
-    const std::vector<char> near = near_wide_blocks<kQ8_0BlockBytes>(
-        layer, kv_head, view, Plane::k, [](std::span<const std::uint8_t, kQ8_0BlockBytes> b) {
-          return q8_0_header_may_be_wide(b);
-        });
-    for (std::int64_t t = 0; t < n; ++t) {
-      if (!near[std::size_t(t)]) continue;
-      for (int e = 0; e < g.head_dim_k; ++e) {
-        const double x = c.k(t, e), f = c.k_fused(t, e);
-        c.k_fused(t, e) = x;
-        if (std::isfinite(x) && std::isfinite(f) && f != x) {
-          if (c.k_either.size() == 0) c.k_either.setZero(n, g.head_dim_k);
-          c.k_either(t, e) = std::fabs(f - x);
-        }
-      }
-    }
+    keep_exact_near(
+        near_wide_blocks<kQ8_0BlockBytes>(layer, kv_head, view, Plane::k,
+                                          [](std::span<const std::uint8_t, kQ8_0BlockBytes> b) {
+                                            return q8_0_header_may_be_wide(b);
+                                          }),
+        c.k, c.k_fused, c.k_either);
   }
   if (tensor_core) {
     // A kernel multiplies a whole key tile's V in f32 when one of its blocks has a wide (or
     // non-finite) header: every key within a tile's reach of such a key may get either value.
-    const std::vector<char> near = near_wide_blocks<kQ5_1BlockBytes>(
-        layer, kv_head, view, Plane::v, [](std::span<const std::uint8_t, kQ5_1BlockBytes> b) {
-          return q5_1_header_may_be_wide(b);
-        });
-    for (std::int64_t t = 0; t < n; ++t) {
-      if (!near[std::size_t(t)]) continue;
-      for (int e = 0; e < g.head_dim_v; ++e) {
-        const double x = c.v(t, e), f = c.v_fused(t, e);
-        c.v_fused(t, e) = x;
-        if (std::isfinite(x) && std::isfinite(f) && f != x) {
-          c.v_either(t, e) = std::fabs(f - x);
-          c.any_either = true;
-        }
-      }
-    }
+    keep_exact_near(
+        near_wide_blocks<kQ5_1BlockBytes>(layer, kv_head, view, Plane::v,
+                                          [](std::span<const std::uint8_t, kQ5_1BlockBytes> b) {
+                                            return q5_1_header_may_be_wide(b);
+                                          }),
+        c.v, c.v_fused, c.v_either);
   }
   return c;
 }
@@ -600,7 +594,7 @@ NoiseModel noise_model(const BoundCache& bc, Eigen::Index first, Eigen::Index n,
   }
   // (N3) A block whose header lets some kernel take the f32 path: the other candidate's whole
   // difference, weighted as a rounding of p̂·V would be.
-  if (tensor_core && bc.c.any_either)
+  if (tensor_core && bc.c.v_either.size() > 0)
     m.variance.noalias() +=
         bc.c.v_either.middleRows(first, n).array().square().matrix().transpose() *
         high.array().square().matrix();
@@ -703,10 +697,10 @@ std::vector<DecodeBound> bound_rows(const KvLayer& layer, std::span<const float>
     const auto magnitude = magnitudes.leftCols(gqa);
     // Near a K block beyond the fold a key's score may come from either candidate of K: their
     // whole difference is a score error, in the bound and in (N2).
-    const MatrixXd k_shift = bc.c.k_either.size() > 0
-                                 ? MatrixXd(std::fabs(s) * (bc.c.k_either.middleRows(first, n) *
-                                                            q_both.rightCols(gqa).cwiseAbs()))
-                                 : MatrixXd();
+    const MatrixXd k_shift =
+        bc.c.k_either.size() > 0
+            ? MatrixXd(std::fabs(s) * (bc.c.k_either.middleRows(first, n) * q_abs.leftCols(gqa)))
+            : MatrixXd();
     // [keys × gqa] each: p̂'s deviation, its largest value, and 1 where the GPU's p may fall
     // below fp16's normal range.
     MatrixXd deviation_high(n, 3 * gqa), delta_all(n, gqa), delta_rms(n, gqa);
