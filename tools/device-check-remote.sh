@@ -10,6 +10,8 @@
 #      with gtest filters that keep each under a few minutes, the four tools in parallel;
 #   3. one summary table (step, result, seconds), also written to $OUT/summary.txt, and the
 #      "bound tightness:" lines the test binaries printed, labelled by step.
+# A run cut by a signal (the caller's timeout) stops the steps still running and still writes
+# the summary and logs of those that finished, with a CUT row (exit 124).
 # Exit status: 0 only if every step passed. A step whose GoogleTest run skipped tests, or ran
 # none, is a failure here ("all skipped", "N skipped", "no tests ran"): on the H200 every test
 # is meant to run. A missing compute-sanitizer is a failure (MISSING), not a pass.
@@ -55,6 +57,98 @@ results="$work/results"
 mkdir -p "$results" "$work/logs" "$work/tightness"
 t0=$(date +%s)
 
+# ---- 3. logs back, then the summary (report: defined here, called at the end and by a cut run) -
+report() {
+  collect() {  # OUTFILE PATTERN: concatenates matching step logs, capped at 15 MiB
+    local dest=$1 pattern=$2 f
+    : >"$dest"
+    for f in "$work"/logs/$pattern; do
+      [[ -e "$f" ]] || continue
+      printf '\n===== %s =====\n' "$(basename "$f" .log)" >>"$dest"
+      cat "$f" >>"$dest"
+    done
+    if (($(stat -c %s "$dest") > 15 * 1024 * 1024)); then
+      { head -c $((7 * 1024 * 1024)) "$dest"; printf '\n[... truncated ...]\n'; tail -c $((7 * 1024 * 1024)) "$dest"; } >"$dest.tmp"
+      mv "$dest.tmp" "$dest"
+    fi
+  }
+  collect "$out/tests.log" 'test_*.log'
+  collect "$out/resolution.log" 'resolution_*.log'
+  for tool in memcheck racecheck synccheck initcheck; do collect "$out/$tool.log" "${tool}_*.log"; done
+
+  # The summary.
+  failed=0
+  {
+    cat "$work/env.txt"
+    echo
+    printf '%-50s %-24s %8s\n' "step" "result" "seconds"
+    printf '%-50s %-24s %8s\n' "----" "------" "-------"
+    for f in "$results"/*; do
+      IFS='|' read -r name result secs <"$f"
+      printf '%-50s %-24s %8s\n' "$name" "$result" "$secs"
+      [[ $result == PASS || ($name == "multi-gpu tests" && $result == "NOT RUN"*) ]] || failed=1
+    done
+    printf '%-50s %-24s %8s\n' "total" "$([[ $failed == 0 ]] && echo PASS || echo FAIL)" "$(($(date +%s) - t0))"
+  } >"$out/summary.txt"
+  # Failing test names, so that the summary alone says what broke.
+  grep -h '^\[  FAILED  \] [A-Za-z]' "$work"/logs/test_*.log 2>/dev/null | grep -v ' ms)$' | sort -u | head -40 >"$work/failed.txt" || true
+  if [[ -s "$work/failed.txt" ]]; then
+    { echo; echo "failed tests:"; cat "$work/failed.txt"; } >>"$out/summary.txt"
+  fi
+  grep -h '^\[  SKIPPED \] [A-Za-z]' "$work"/logs/test_*.log 2>/dev/null | grep -v ' ms)$' | sort -u >"$work/skipped.txt" || true
+  if [[ -s "$work/skipped.txt" ]]; then
+    { echo; echo "skipped tests ($(wc -l <"$work/skipped.txt"), the first 20):"; head -20 "$work/skipped.txt"; } >>"$out/summary.txt"
+  fi
+  cat "$work"/tightness/* 2>/dev/null | sort >"$work/tightness.txt" || true
+  if [[ -s "$work/tightness.txt" ]]; then
+    { echo; echo "bound tightness (by step):"; sed 's/^/  /' "$work/tightness.txt"; } >>"$out/summary.txt"
+  fi
+  # The sweeps' peaked rows (the cells: bound/8sigma/declared/E12) and verdicts.
+  for f in "$work"/logs/resolution_*.log; do
+    [[ -f $f ]] || continue
+    { echo; echo "${f##*/}:"; grep -aE '^[0-9]+ +[0-9]+ +peaked|^resolution:|^  missed:' "$f" |
+        cut -c1-150 | sed 's/^/  /'; } >>"$out/summary.txt"
+  done
+  grep -h 'ERROR SUMMARY: [1-9]' "$work"/logs/{memcheck,racecheck,synccheck,initcheck}_*.log 2>/dev/null | head -8 >"$work/san.txt" || true
+  if [[ -s "$work/san.txt" ]]; then
+    { echo; echo "sanitizer errors:"; cat "$work/san.txt"; } >>"$out/summary.txt"
+  fi
+  rm -rf "$work"
+  echo
+  cat "$out/summary.txt"
+}
+
+# A cut run (the caller's timeout sends TERM): every step still running is stopped, and the
+# summary and logs of the steps that finished still come back, with a row saying where it was cut
+# (a failure: the steps not listed did not finish).
+descendants() {  # PID: every process below PID, deepest first
+  local c
+  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do
+    descendants "$c"
+    echo "$c"
+  done
+}
+on_signal() {
+  # The steps' shells inherit the trap: they just end (the main shell stops what they started).
+  [[ $BASHPID == "$$" ]] || exit 143
+  trap - TERM INT
+  # The steps' timeouts lead process groups of their own, which the caller's signal to its group
+  # does not reach (their shells may already be gone): each group whole, then what is left below.
+  local pids groups g
+  pids=$(descendants $$)
+  groups=$(cat "$work/groups" 2>/dev/null)
+  for g in $groups; do kill -TERM -- "-$g" 2>/dev/null; done
+  [[ -z $pids ]] || kill -TERM $pids 2>/dev/null
+  sleep 2
+  for g in $groups; do kill -KILL -- "-$g" 2>/dev/null; done
+  [[ -z $pids ]] || kill -KILL $pids 2>/dev/null
+  printf '%s|%s|%s\n' "device-check" "CUT(signal; unlisted steps did not finish)" \
+    "$(($(date +%s) - t0))" >"$results/zz_cut"
+  report
+  exit 124
+}
+trap on_signal TERM INT
+
 # Absolute paths baked in at build time resolve to this checkout.
 if [[ -n "$origin" && "$origin" != "$PWD" && ! -e "$origin" ]]; then
   mkdir -p "$(dirname "$origin")" && ln -s "$PWD" "$origin"
@@ -85,6 +179,17 @@ gtest_result() {
   fi
 }
 
+# timed LIMIT CMD...: CMD under timeout, whose process group (the timeout's pid) goes into
+# $work/groups for a cut run (on_signal); CMD's exit status.
+timed() {
+  local limit=$1 pid
+  shift
+  timeout -k 10 "$limit" "$@" &
+  pid=$!
+  echo "$pid" >>"$work/groups"
+  wait "$pid"
+}
+
 # run_step NAME LOG TIMEOUT CMD...: runs CMD with a timeout, appends its output to LOG under a
 # header, and records "NAME|RESULT|SECONDS" for the summary, and the "bound tightness:" and
 # "systematic check" lines of plain test steps (the sanitizer steps rerun subsets of the same
@@ -94,7 +199,7 @@ run_step() {
   shift 3
   local start end rc result file
   start=$(date +%s.%N)
-  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  timed "$limit" "$@" >"$log" 2>&1
   rc=$?
   end=$(date +%s.%N)
   result=$(gtest_result "$rc" "$log" "$limit")
@@ -113,7 +218,7 @@ run_program() {
   shift 3
   local start end rc result
   start=$(date +%s.%N)
-  timeout -k 10 "$limit" "$@" >"$log" 2>&1
+  timed "$limit" "$@" >"$log" 2>&1
   rc=$?
   end=$(date +%s.%N)
   case $rc in
@@ -316,62 +421,5 @@ else
   printf '%s|%s|%s\n' "compute-sanitizer" "MISSING(not installed)" "0" >"$results/sanitizer"
 fi
 
-# ---- logs back: at most 8 files, 16 MiB each ------------------------------------------------------
-collect() {  # OUTFILE PATTERN: concatenates matching step logs, capped at 15 MiB
-  local dest=$1 pattern=$2 f
-  : >"$dest"
-  for f in "$work"/logs/$pattern; do
-    [[ -e "$f" ]] || continue
-    printf '\n===== %s =====\n' "$(basename "$f" .log)" >>"$dest"
-    cat "$f" >>"$dest"
-  done
-  if (($(stat -c %s "$dest") > 15 * 1024 * 1024)); then
-    { head -c $((7 * 1024 * 1024)) "$dest"; printf '\n[... truncated ...]\n'; tail -c $((7 * 1024 * 1024)) "$dest"; } >"$dest.tmp"
-    mv "$dest.tmp" "$dest"
-  fi
-}
-collect "$out/tests.log" 'test_*.log'
-collect "$out/resolution.log" 'resolution_*.log'
-for tool in memcheck racecheck synccheck initcheck; do collect "$out/$tool.log" "${tool}_*.log"; done
-
-# ---- 3. summary -------------------------------------------------------------------------------------
-failed=0
-{
-  cat "$work/env.txt"
-  echo
-  printf '%-50s %-24s %8s\n' "step" "result" "seconds"
-  printf '%-50s %-24s %8s\n' "----" "------" "-------"
-  for f in "$results"/*; do
-    IFS='|' read -r name result secs <"$f"
-    printf '%-50s %-24s %8s\n' "$name" "$result" "$secs"
-    [[ $result == PASS || ($name == "multi-gpu tests" && $result == "NOT RUN"*) ]] || failed=1
-  done
-  printf '%-50s %-24s %8s\n' "total" "$([[ $failed == 0 ]] && echo PASS || echo FAIL)" "$(($(date +%s) - t0))"
-} >"$out/summary.txt"
-# Failing test names, so that the summary alone says what broke.
-grep -h '^\[  FAILED  \] [A-Za-z]' "$work"/logs/test_*.log 2>/dev/null | grep -v ' ms)$' | sort -u | head -40 >"$work/failed.txt" || true
-if [[ -s "$work/failed.txt" ]]; then
-  { echo; echo "failed tests:"; cat "$work/failed.txt"; } >>"$out/summary.txt"
-fi
-grep -h '^\[  SKIPPED \] [A-Za-z]' "$work"/logs/test_*.log 2>/dev/null | grep -v ' ms)$' | sort -u >"$work/skipped.txt" || true
-if [[ -s "$work/skipped.txt" ]]; then
-  { echo; echo "skipped tests ($(wc -l <"$work/skipped.txt"), the first 20):"; head -20 "$work/skipped.txt"; } >>"$out/summary.txt"
-fi
-cat "$work"/tightness/* 2>/dev/null | sort >"$work/tightness.txt" || true
-if [[ -s "$work/tightness.txt" ]]; then
-  { echo; echo "bound tightness (by step):"; sed 's/^/  /' "$work/tightness.txt"; } >>"$out/summary.txt"
-fi
-# The sweeps' peaked rows (the cells: bound/8sigma/declared/E12) and verdicts.
-for f in "$work"/logs/resolution_*.log; do
-  [[ -f $f ]] || continue
-  { echo; echo "${f##*/}:"; grep -aE '^[0-9]+ +[0-9]+ +peaked|^resolution:|^  missed:' "$f" |
-      cut -c1-150 | sed 's/^/  /'; } >>"$out/summary.txt"
-done
-grep -h 'ERROR SUMMARY: [1-9]' "$work"/logs/{memcheck,racecheck,synccheck,initcheck}_*.log 2>/dev/null | head -8 >"$work/san.txt" || true
-if [[ -s "$work/san.txt" ]]; then
-  { echo; echo "sanitizer errors:"; cat "$work/san.txt"; } >>"$out/summary.txt"
-fi
-rm -rf "$work"
-echo
-cat "$out/summary.txt"
+report
 exit "$failed"
