@@ -255,13 +255,13 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8
 }
 
 /// convert_tile for a head dim that keeps exact quants (verify_folds_k false): the fp16 stage gets
-/// K quants and their d apart. (Its K loads are written out: through load_k_block the compiled
-/// kernel changes.) The block-wide conversion of a raw stage into the fp16 stage. Thread c
-/// converts key c % kTile,
-/// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
-/// their parity, and with it the K alignment). Keys past `valid` get zeros (K, d and V: their p is
-/// 0, and 0 · 0 keeps every row finite). Returns whether one of this thread's V blocks may leave
-/// fp16's range or is not finite (v_header_maybe_wide).
+/// K quants and their d apart. Same threads, keys and blocks as convert_tile: thread c converts
+/// key c % kTile, 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's
+/// blocks share their parity, and with it the K alignment). Keys past `valid` get zeros (K, d
+/// and V: their p is 0, and 0 · 0 keeps every row finite). Returns whether one of this thread's
+/// V blocks may leave fp16's range or is not finite (v_header_maybe_wide).
+/// NOTE: its K loads are written out, not load_k_block's: through the helper, ptxas schedules
+/// this kernel differently (its SASS is the one gated at head dim 256).
 template <int D>
 __device__ __forceinline__ bool convert_tile_unfolded(std::uint8_t* smem, const std::uint8_t* raw,
                                                       int valid) {
