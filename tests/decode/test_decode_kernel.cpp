@@ -152,13 +152,18 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
       {128, 8, 1, DecodeKernel::cuda_core, SplitKernel::mma_direct, 8},
       {64, 16, 1, DecodeKernel::mma, SplitKernel::mma_staged, 16},
       {256, 4, 1, DecodeKernel::cuda_core, SplitKernel::mma_bulk, 8},
-      // Verify of T >= 2 at head dim 128: 16, 32 or 64 query rows per block by T·gqa.
-      {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
+      // Verify of T >= 2 at head dim 128: T·gqa ≤ 16 on the direct kernel's 8 or 16 rows,
+      // more in blocks of 32 or 64 query rows of the verify kernel.
+      {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_direct_verify, 16},
+      {128, 4, 2, DecodeKernel::mma, SplitKernel::mma_direct_verify, 8},
+      {128, 1, 2, DecodeKernel::mma, SplitKernel::mma_direct_verify, 8},
+      {128, 1, 9, DecodeKernel::mma, SplitKernel::mma_direct_verify, 16},
+      {128, 4, 4, DecodeKernel::cuda_core, SplitKernel::mma_direct_verify, 16},
+      {128, 1, 17, DecodeKernel::mma, SplitKernel::mma_verify, 32},
       {128, 8, 4, DecodeKernel::mma, SplitKernel::mma_verify, 32},
       {128, 3, 7, DecodeKernel::mma, SplitKernel::mma_verify, 32},
       {128, 3, 11, DecodeKernel::mma, SplitKernel::mma_verify, 64},
       {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::mma_verify, 64},
-      {128, 1, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
       // Head dim 256: 8-row groups, at least two of them.
       {256, 1, 5, DecodeKernel::cuda_core, SplitKernel::mma_verify, 16},
       {256, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
@@ -177,6 +182,8 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
   }
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_bulk), "mma_bulk");
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify), "mma_verify");
+  EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_direct_verify),
+               "mma_direct_verify");
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify_staged),
                "mma_verify_staged");
 }
@@ -187,22 +194,37 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   auto p = plan_decode(8, 128, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
   cuda::detail::plan_verify(p, 16, 131072, 132);
   EXPECT_EQ(cuda::detail::row_chunks(p, 1), 1);
-  EXPECT_EQ(cuda::detail::row_chunks(p, 2), 1);   // 16 rows, one row group
+  EXPECT_EQ(cuda::detail::row_chunks(p, 2), 1);   // 16 rows: the direct kernel's n-tiles
   EXPECT_EQ(cuda::detail::row_chunks(p, 8), 1);   // 64 rows, four row groups
   EXPECT_EQ(cuda::detail::row_chunks(p, 16), 2);  // 128 rows
   EXPECT_EQ(cuda::detail::verify_splits(p, 1), p.n_splits);
-  // The verify kernel's wave.
+  // Each T's kernel fills its own wave: the direct kernel's 16-row instance at T = 2, the verify
+  // kernel's beyond.
+  const int direct =
+      cuda::detail::split_blocks_per_sm(cuda::detail::SplitKernel::mma_direct_verify, 128, 16) *
+      132;
   const int blocks =
-      cuda::detail::split_blocks_per_sm(cuda::detail::SplitKernel::mma_verify, 128, 16) * 132;
+      cuda::detail::split_blocks_per_sm(cuda::detail::SplitKernel::mma_verify, 128, 64) * 132;
+  EXPECT_EQ(cuda::detail::verify_wave_blocks(p, 2), direct);
+  EXPECT_EQ(cuda::detail::verify_wave_blocks(p, 8), blocks);
+  EXPECT_EQ(cuda::detail::verify_splits(p, 2), direct / 8);
   EXPECT_EQ(cuda::detail::verify_splits(p, 8), blocks / 8);
   EXPECT_EQ(cuda::detail::verify_splits(p, 16), blocks / 16);
+  // At gqa 4, T = 2 takes the 8-row instance and its wave (3 per multiprocessor).
+  auto p4 = plan_decode(8, 128, 4, 131072, 132, cuda::detail::DecodeKernel::mma);
+  cuda::detail::plan_verify(p4, 16, 131072, 132);
+  EXPECT_EQ(
+      cuda::detail::verify_splits(p4, 2),
+      cuda::detail::split_blocks_per_sm(cuda::detail::SplitKernel::mma_direct_verify, 128, 8) *
+          132 / 8);
   const kvlayer::AccumulationShape t1 = cuda::detail::verify_accumulation_shape(p, 1);
   const kvlayer::AccumulationShape t2 = cuda::detail::verify_accumulation_shape(p, 2);
   const kvlayer::AccumulationShape t4 = cuda::detail::verify_accumulation_shape(p, 4);
   const kvlayer::AccumulationShape t8 = cuda::detail::verify_accumulation_shape(p, 8);
   EXPECT_EQ(t1.pv_mma_steps, p.pv_mma_steps);  // the decode's kernel and grid
   EXPECT_EQ(t1.n_splits, p.n_splits);
-  // A warp's chain: one 16-key m-tile per tile (4 key groups), two (2), four (1).
+  // A warp's chain: every 4th 16-key tile (the direct kernel at T = 2), two m-tiles per 64-key
+  // tile (2 key groups), four (1).
   EXPECT_EQ(t2.pv_mma_steps, t2.max_keys_per_split / 64);
   EXPECT_EQ(t4.pv_mma_steps, t4.max_keys_per_split / 64 * 2);
   EXPECT_EQ(t8.pv_mma_steps, t8.max_keys_per_split / 64 * 4);
@@ -210,9 +232,11 @@ TEST(DecodePlan, VerifyRowBlocksAndShape) {
   EXPECT_EQ(t2.rescales, t2.max_keys_per_split / 64 + 1);
   EXPECT_EQ(t4.rescales, t4.max_keys_per_split / 64 + 1);
   EXPECT_EQ(t8.rescales, t8.max_keys_per_split / 64 * 2 + 1);
-  // The verify kernel folds d into fp16 K (accuracy.hpp (1), fused form); T = 1 is the decode's.
+  // The verify kernel folds d into fp16 K (accuracy.hpp (1), fused form); T = 1 is the decode's
+  // and T = 2 the direct kernel's (exact quants).
   EXPECT_FALSE(t1.k_fused_f16);
-  EXPECT_TRUE(t2.k_fused_f16 && t4.k_fused_f16 && t8.k_fused_f16);
+  EXPECT_FALSE(t2.k_fused_f16);
+  EXPECT_TRUE(t4.k_fused_f16 && t8.k_fused_f16);
   // Head dim 256: 32-key tiles, 32 rows per block; at T = 8 a warp takes both m-tiles of a
   // tile in one softmax step.
   auto q = plan_decode(4, 256, 8, 131072, 132, cuda::detail::DecodeKernel::mma);
@@ -248,10 +272,14 @@ TEST(DecodePlan, MmaBlocksPerSmAreResident) {
             << n_kv << " KV heads, D " << d << " gqa " << gqa << " rows " << rows;
       }
   for (const cuda::detail::SplitInstance& i : cuda::detail::kSplitInstances) {
-    if (i.kernel != cuda::detail::SplitKernel::mma_verify) continue;
+    if (i.kernel != cuda::detail::SplitKernel::mma_verify &&
+        i.kernel != cuda::detail::SplitKernel::mma_direct_verify)
+      continue;
     int blocks = 0;
-    ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(i.head_dim, i.rows, &blocks), cudaSuccess);
-    EXPECT_GE(blocks, i.blocks_per_sm) << "verify D " << i.head_dim << " rows " << i.rows;
+    ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(i.kernel, i.head_dim, i.rows, &blocks),
+              cudaSuccess);
+    EXPECT_GE(blocks, i.blocks_per_sm)
+        << cuda::detail::split_kernel_name(i.kernel) << " D " << i.head_dim << " rows " << i.rows;
   }
 }
 

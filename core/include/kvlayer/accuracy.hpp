@@ -7,8 +7,8 @@
 //  (1) q is rounded once to fp16 (RNE): q̃. K quants are exact (int8). The dot product over
 //      head_dim terms is accumulated in f32 (CUDA cores: sequential FMAs; tensor cores: (5)),
 //      times f32(d) per block, block results summed in f32, times the f32 scale.
-//      Where the shape says k_fused_f16 (the verify kernel at head dim 128): d is folded
-//      into K first, K̃ = d·q rounded once to fp16 (RNE, subnormals kept), and the dot is one
+//      Where the shape says k_fused_f16 (the verify kernel at head dim 128, T·gqa > 16): d is
+//      folded into K first, K̃ = d·q rounded once to fp16 (RNE, subnormals kept), the dot one
 //      chain of head_dim/16 mma (5) from zero, times the f32 scale. A key tile holding a K block
 //      with |d| > 511.75 or a non-finite d (kQ8_0FoldMaxScaleBits: d·q might leave fp16) takes
 //      the unfused arithmetic above for all its keys.

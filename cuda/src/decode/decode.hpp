@@ -43,8 +43,9 @@ struct DecodePlan;
 /// A launch's kernel and its compile-time shape.
 struct SplitChoice {
   SplitKernel kernel = SplitKernel::mma_staged;
-  /// Query rows the kernel is built for: cuda_core 1, 2, 4, 8, 16 (≥ gqa); mma 8 or 16;
-  /// mma_verify 16, 32 or 64 per block (verify_group_rows · verify_row_groups).
+  /// Query rows the kernel is built for: cuda_core 1, 2, 4, 8, 16 (≥ gqa); mma and
+  /// mma_direct_verify 8 or 16; mma_verify 16, 32 or 64 per block (verify_group_rows ·
+  /// verify_row_groups).
   int rows = 16;
 };
 
@@ -92,13 +93,11 @@ struct DecodePlan {
   /// 16-key tiles of the longest split); 0 for cuda_core.
   std::int64_t pv_mma_steps = 0;
   /// Verify decodes (SPEC §11, plan_verify): up to max_verify queries per launch, whose union
-  /// of views spans at most verify_max_view_keys keys; verify_blocks split blocks of the
-  /// verify kernel fill the device (shared by a launch's row chunks), verify_decode_blocks
-  /// those of the decode's kernel (T = 1). 0: the plan serves no verify decode.
+  /// of views spans at most verify_max_view_keys keys, on a device of verify_multiprocessors
+  /// (verify_wave_blocks). 0: the plan serves no verify decode.
   int max_verify = 0;
   std::int64_t verify_max_view_keys = 0;
-  std::int64_t verify_blocks = 0;
-  std::int64_t verify_decode_blocks = 0;
+  int verify_multiprocessors = 0;
 };
 
 /// What the accuracy contract needs of a plan (kvlayer/accuracy.hpp, rounding points
@@ -112,6 +111,10 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 /// [1, 2^31 − 1].
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
                  int multiprocessor_count);
+
+/// Split blocks of the kernel a verify decode of T queries runs (T = 1: the decode's) that the
+/// device holds at once (shared by a launch's row blocks): each T's grid fills its own wave.
+std::int64_t verify_wave_blocks(const DecodePlan& plan, int T);
 
 /// Row blocks per KV head (blockIdx.z) of a decode (T ≤ 1) or a verify decode of T queries:
 /// its gqa or T·gqa query rows in blocks of select_split_kernel's rows, one when they fit one.
@@ -186,9 +189,10 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 /// cudaErrorInvalidValue for a cuda_core plan.
 cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks);
 
-/// The same for decode_mma_verify.cu's kernel for head_dim (128, 256) and `rows` query rows
-/// per block (select_split_kernel's); plan_verify sizes its grid for its kSplitInstances entry.
-cudaError_t mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
+/// The same for a verify instance (SplitKernel mma_verify or mma_direct_verify) of head_dim and
+/// `rows` query rows per block; verify_wave_blocks sizes a verify grid for its kSplitInstances
+/// entry.
+cudaError_t mma_verify_resident_blocks(SplitKernel kernel, int head_dim, int rows, int* blocks);
 
 /// One decode launch.
 struct DecodeArgs {

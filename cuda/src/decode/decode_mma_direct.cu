@@ -45,6 +45,15 @@
 // its mbarrier has counted the bytes. At head dim 128 one tile of operands in registers is
 // cheaper than the ring's shared-memory round trip, so those instances load directly
 // (bench/NOTES.md has the measurements of both).
+//
+// ---- Verify (SplitKernel::mma_direct_verify: T·gqa ≤ 16 at head dim 128)
+// -------------------------- A verify decode's T·gqa rows (SPEC §11) take the mma's n-tiles as a
+// decode's heads do, so each K and V tile is read and converted once for all of them, in registers,
+// with the decode's arithmetic and rounding points. Each row keeps its own causal (and window)
+// view: a warp tile inside the keys every real row attends runs the decode's softmax; a tile at an
+// edge masks each row's keys (update_softmax<true>), and on the f32 P·V path skips them (a masked
+// key's V may be non-finite, and 0 · inf is NaN). decode_mma_verify.cu converts each tile once into
+// shared memory for many rows; at 16 rows its copies and barriers cost more than they share.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp16.h>
@@ -186,6 +195,16 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
   return __ldg(reinterpret_cast<const uint2*>(p));
 }
 
+/// A verify block's row views, as key offsets from the split's first key, clipped to the split:
+/// row r attends [lo[r], hi[r]); every real row attends [common_lo, common_hi) (empty when
+/// common_lo ≥ common_hi). In shared memory: read at a tile's edge only, they would otherwise
+/// hold registers through the key loop.
+template <int kRows>
+struct RowViews {
+  int common_lo, common_hi;
+  int lo[kRows], hi[kRows];
+};
+
 /// One thread's share of a block (one per (split, KV head); 4 independent warps, warp w owning
 /// warp tiles w, w + 4, …): what every phase reads (the split, the tensor maps, shared memory,
 /// this lane's place in its warp) and, by reference, the thread's registers (q̃ as fragments, its
@@ -194,12 +213,13 @@ __device__ __forceinline__ uint2 load_u2(const std::uint8_t* p) {
 /// slices); kNT mma n-tiles of 8 query heads each (head 8·n + g of n-tile n). kBulk (head dim
 /// 256): the tiles come through the warp's BulkRing on the copy engine instead of straight into
 /// registers. kBatch: the blocks of a batch launch (begin_split); the tensor maps are then unused
-/// (a batch's planes are many).
+/// (a batch's planes are many). kVerify: a verify decode's rows (query_row_index), each
+/// attending its own view (RowViews).
 ///
 /// NOTE: the registers are the kernel's locals, one variable each, that the object refers to (as
 /// decode_mma_verify.cu's VerifyBlock does: as its members, arrays kept the object in memory and
 /// changed the code ptxas is given).
-template <int kD, int kNT, bool kBulk, bool kBatch>
+template <int kD, int kNT, bool kBulk, bool kBatch, bool kVerify>
 struct DirectBlock {
   static constexpr int kSlices = kD / kSliceDims;
   static constexpr int kBlocks = kD / 32;
@@ -210,7 +230,9 @@ struct DirectBlock {
   static constexpr MutantSite kSite = MutantSite::decode_mma_direct;
   static constexpr unsigned kBiasLow = 0x64006400u, kBiasHigh = 0x54005400u;  // see v_quant_f16x2
   static_assert(!kBulk || kD == 256);
+  static_assert(!kVerify || (kD == 128 && !kBulk));
   using Ring = BulkRing;
+  using Views = RowViews<kHeads>;
   using Tile = TileRegs<kSlices>;
   using Stats = float[kWarps][kHeads];
   // NOTE: indexed as this 3-D array: a flat float* moves ptxas's schedule of the direct
@@ -231,6 +253,7 @@ struct DirectBlock {
   std::uint8_t* const ring;             ///< bulk: kStages stages per warp
   std::uint64_t* const bars;            ///< bulk: one mbarrier per stage
   const std::uint8_t** const planes_s;  ///< batch: the planes, for the key loop (planes)
+  Views& views;                         ///< verify: the rows' views (bound_rows)
   const int kv, tid, warp, lane, g, t;  // g, t: groupID, threadID_in_group
   const int hv;                         // the V half this lane group owns
   const int G;
@@ -262,9 +285,9 @@ struct DirectBlock {
                                          const SplitRange& split, Stats& m_stage, Stats& l_stage,
                                          Stats& w_stage, OStage& o_stage, std::uint8_t* ring_s,
                                          std::uint64_t* bars_s, const std::uint8_t** planes,
-                                         QFrags& q_frags, int (&k_keys)[2], int (&v_keys)[4],
-                                         unsigned (&k_offs)[2], unsigned (&v_offs)[4],
-                                         State& softmax, Acc& acc)
+                                         Views& row_views, QFrags& q_frags, int (&k_keys)[2],
+                                         int (&v_keys)[4], unsigned (&k_offs)[2],
+                                         unsigned (&v_offs)[4], State& softmax, Acc& acc)
       : p(params),
         maps(tensor_maps),
         range(split),
@@ -275,6 +298,7 @@ struct DirectBlock {
         ring(ring_s),
         bars(bars_s),
         planes_s(planes),
+        views(row_views),
         kv(split.kv),
         tid(threadIdx.x),
         warp(tid / 32),
@@ -340,14 +364,17 @@ struct DirectBlock {
   }
 
   /// q̃ as the QK B fragments for the whole split: qb[n][b][ks][j] = pair (b % 4, reg ks, h j) of
-  /// block b (slice b / 4) of the block's query row 8·n + g, head row0 + 8·n + g of the KV head
-  /// (zero for rows ≥ nrows).
+  /// block b (slice b / 4) of the block's query row 8·n + g: head row0 + 8·n + g of the KV head,
+  /// or (verify) the KV head's row row0 + 8·n + g (query_row_index); zero for rows ≥ nrows.
   __device__ __forceinline__ void load_q() {
     const int rows = range.nrows;
 #pragma unroll
     for (int n = 0; n < kNT; ++n) {
       const int head = 8 * n + g;
       const float* q_head = range.q + ((long long)kv * G + range.row0 + head) * kD;
+      if constexpr (kVerify)
+        q_head = range.q +
+                 query_row_index(range.row0 + (head < rows ? head : 0), kv, G, int(gridDim.y)) * kD;
 #pragma unroll
       for (int b = 0; b < kBlocks; ++b)
 #pragma unroll
@@ -422,6 +449,50 @@ struct DirectBlock {
     for (int j = 0; j < 2; ++j) k_off[j] = unsigned(k_key[j] * k_tok);
 #pragma unroll
     for (int j = 0; j < 4; ++j) v_off[j] = unsigned(v_key[j] * v_tok);
+  }
+
+  /// Verify: the rows' views (SPEC §11: query i at p_i = len − T + i sees [max(0, p_i + 1 −
+  /// window), p_i + 1)) into `views`, clipped to the split; padding rows every key, as a
+  /// decode's. The keys every real row attends are the last row's begin to the first row's end:
+  /// a row's view never starts or ends before the previous row's.
+  __device__ __forceinline__ void bound_rows() {
+    if constexpr (kVerify) {
+      const long long n_keys = range.hi - range.lo;
+      const auto view_of = [&](int row, int& begin, int& end) {
+        const long long pos = range.len - p.view.queries + (range.row0 + row) / G;
+        const long long e = verify_row_end(pos, range.len, kSite);
+        const long long b =
+            p.view.window > 0 ? verify_row_begin(pos, range.len - 1, p.view.window, kSite) : 0;
+        end = static_cast<int>(min(max(e - range.lo, 0ll), n_keys));
+        begin = static_cast<int>(min(max(b - range.lo, 0ll), n_keys));
+      };
+      if (tid < kHeads) {
+        int begin = 0, end = static_cast<int>(n_keys);
+        if (tid < range.nrows) view_of(tid, begin, end);
+        views.lo[tid] = begin;
+        views.hi[tid] = end;
+      }
+      if (tid == kHeads) {
+        int first_begin, first_end, last_begin, last_end;
+        view_of(0, first_begin, first_end);
+        view_of(range.nrows - 1, last_begin, last_end);
+        views.common_lo = last_begin;
+        views.common_hi = first_end;
+      }
+      __syncthreads();
+    }
+  }
+
+  /// Whether every real row attends the `valid` keys of the tile at key offset key_off (verify).
+  __device__ __forceinline__ bool tile_in_common_view(int key_off, int valid) const {
+    return key_off >= views.common_lo && key_off + valid <= views.common_hi;
+  }
+
+  /// Whether the row of softmax slot (n, hh) (head 8n + 2t + hh) attends key key_off + k of a
+  /// tile (verify).
+  __device__ __forceinline__ bool attends(int n, int hh, int key) const {
+    const int row = 8 * n + 2 * t + hh;
+    return key >= views.lo[row] && key < views.hi[row];
   }
 
   /// Loads this warp's i-th tile. Keys past the split's end read the split's last key instead
@@ -573,8 +644,11 @@ struct DirectBlock {
   }
 
   /// Online softmax per head over the tile's valid keys: the weights pr in s's layout, the
-  /// accumulators rescaled when a max moved.
-  __device__ __forceinline__ void update_softmax(const Scores& s, int valid, int i, Scores& pr) {
+  /// accumulators rescaled when a max moved. kMasked (verify, a tile at a row view's edge): each
+  /// row over the keys it attends only (key_off: the tile's first key as an offset from lo).
+  template <bool kMasked>
+  __device__ __forceinline__ void update_softmax(const Scores& s, int valid, int i, Scores& pr,
+                                                 int key_off) {
     const bool valid0 = g < valid, valid1 = g + 8 < valid;
     float alpha[kNT][2];
     bool rescale = false;
@@ -582,14 +656,19 @@ struct DirectBlock {
     for (int n = 0; n < kNT; ++n)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
+        bool att0 = valid0, att1 = valid1;
+        if constexpr (kMasked) {
+          att0 = att0 && attends(n, hh, key_off + g);
+          att1 = att1 && attends(n, hh, key_off + g + 8);
+        }
         float top = kNegSentinel;
-        if (valid0) top = fmaxf(top, s[n][hh]);
-        if (valid1) top = fmaxf(top, s[n][2 + hh]);
+        if (att0) top = fmaxf(top, s[n][hh]);
+        if (att1) top = fmaxf(top, s[n][2 + hh]);
         top = max_over_lane_groups(top);
         const float m_new = state.max_with(2 * n + hh, top);
         alpha[n][hh] = state.rescale_to(2 * n + hh, m_new);
-        pr[n][hh] = valid0 ? softmax_weight(s[n][hh], m_new) : 0.0f;
-        pr[n][2 + hh] = valid1 ? softmax_weight(s[n][2 + hh], m_new) : 0.0f;
+        pr[n][hh] = att0 ? softmax_weight(s[n][hh], m_new) : 0.0f;
+        pr[n][2 + hh] = att1 ? softmax_weight(s[n][2 + hh], m_new) : 0.0f;
         state.advance(2 * n + hh, m_new, alpha[n][hh], pr[n][hh] + pr[n][2 + hh]);
         rescale = rescale || alpha[n][hh] != 1.0f;
       }
@@ -598,7 +677,8 @@ struct DirectBlock {
   }
 
   /// P·V on the CUDA cores, f32, keys in order: V at its exact f32 value, p unrounded (the rare
-  /// path of a tile holding a V block that may leave fp16's range).
+  /// path of a tile holding a V block that may leave fp16's range). Verify: each row skips the
+  /// keys it does not attend (their V may be non-finite).
   __device__ __forceinline__ void accumulate_pv_f32(const Scores& pr, long long key0, int valid) {
 #pragma unroll 1
     for (int k = 0; k < kWK; ++k) {
@@ -610,6 +690,15 @@ struct DirectBlock {
         p1[n] = __shfl_sync(kFullMask, k < 8 ? pr[n][1] : pr[n][3], src);
       }
       const int key = k < valid - 1 ? k : valid - 1;
+      bool use0[kNT], use1[kNT];  // verify: the rows of p0, p1 attend key k
+      if constexpr (kVerify) {
+        const int key_off = static_cast<int>(key0 - lo) + k;
+#pragma unroll
+        for (int n = 0; n < kNT; ++n) {
+          use0[n] = k < valid && attends(n, 0, key_off);
+          use1[n] = k < valid && attends(n, 1, key_off);
+        }
+      }
       const std::uint8_t *k_plane, *v_plane;
       planes(k_plane, v_plane);
       const std::uint8_t* row = v_plane + (key0 + key - range.base) * p.v_tok_bytes;
@@ -630,10 +719,17 @@ struct DirectBlock {
 #pragma unroll
           for (int n = 0; n < kNT; ++n) {
             float(&acc)[4] = o[n][8 * c + m];
-            acc[0] = pv_accumulator(fmaf(p0[n], v_lo, acc[0]), kSite);
-            acc[1] = pv_accumulator(fmaf(p1[n], v_lo, acc[1]), kSite);
-            acc[2] = pv_accumulator(fmaf(p0[n], v_hi, acc[2]), kSite);
-            acc[3] = pv_accumulator(fmaf(p1[n], v_hi, acc[3]), kSite);
+            if constexpr (kVerify) {
+              if (use0[n]) acc[0] = pv_accumulator(fmaf(p0[n], v_lo, acc[0]), kSite);
+              if (use1[n]) acc[1] = pv_accumulator(fmaf(p1[n], v_lo, acc[1]), kSite);
+              if (use0[n]) acc[2] = pv_accumulator(fmaf(p0[n], v_hi, acc[2]), kSite);
+              if (use1[n]) acc[3] = pv_accumulator(fmaf(p1[n], v_hi, acc[3]), kSite);
+            } else {
+              acc[0] = pv_accumulator(fmaf(p0[n], v_lo, acc[0]), kSite);
+              acc[1] = pv_accumulator(fmaf(p1[n], v_lo, acc[1]), kSite);
+              acc[2] = pv_accumulator(fmaf(p0[n], v_hi, acc[2]), kSite);
+              acc[3] = pv_accumulator(fmaf(p1[n], v_hi, acc[3]), kSite);
+            }
           }
         }
       }
@@ -703,7 +799,15 @@ struct DirectBlock {
     float s[kNT][4];
     compute_scores(r, s);
     float pr[kNT][4];
-    update_softmax(s, valid, i, pr);
+    if constexpr (kVerify) {
+      const int key_off = static_cast<int>(key0 - lo);
+      if (tile_in_common_view(key_off, valid))
+        update_softmax<false>(s, valid, i, pr, key_off);
+      else
+        update_softmax<true>(s, valid, i, pr, key_off);
+    } else {
+      update_softmax<false>(s, valid, i, pr, 0);
+    }
     bool wide = false;
 #pragma unroll
     for (int c = 0; c < kSlices; ++c)
@@ -746,15 +850,20 @@ struct DirectBlock {
   }
 };
 
+/// The SplitKernel an instance of decode_split_mma_direct_kernel is.
+__host__ __device__ constexpr SplitKernel direct_split_kernel(bool bulk, bool verify) {
+  return bulk     ? SplitKernel::mma_bulk
+         : verify ? SplitKernel::mma_direct_verify
+                  : SplitKernel::mma_direct;
+}
+
 /// One block per (split, KV head); DirectBlock says what the template parameters select.
-template <int kD, int kNT, bool kBulk, bool kBatch>
-__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKernel::mma_bulk
-                                                                      : SplitKernel::mma_direct,
+template <int kD, int kNT, bool kBulk, bool kBatch, bool kVerify>
+__global__ void __launch_bounds__(kThreads, split_blocks_per_sm(direct_split_kernel(kBulk, kVerify),
                                                                 kD, 8 * kNT))
     decode_split_mma_direct_kernel(const SplitParams p, const __grid_constant__ PlaneMaps maps) {
-  static_assert(
-      split_instance_built(kBulk ? SplitKernel::mma_bulk : SplitKernel::mma_direct, kD, 8 * kNT));
-  using Block = DirectBlock<kD, kNT, kBulk, kBatch>;
+  static_assert(split_instance_built(direct_split_kernel(kBulk, kVerify), kD, 8 * kNT));
+  using Block = DirectBlock<kD, kNT, kBulk, kBatch, kVerify>;
   using Ring = typename Block::Ring;
   constexpr int kHeads = Block::kHeads, kOStride = Block::kOStride;
   // NOTE: q̃ stays in registers at head dim 256 too (238 at its 255 cap): the bulk ring holds the
@@ -769,6 +878,7 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
   static_assert(!kBulk || sizeof(OStage) <= Ring::kBytes);
   OStage& o_s = *reinterpret_cast<OStage*>(kBulk ? static_cast<void*>(ring) : o_static);
   __shared__ const std::uint8_t* planes_s[2];  // batch: see share_planes
+  __shared__ typename Block::Views views_s;    // verify: see bound_rows
 
   const SplitRange range =
       begin_split<kBatch>(p, kD, split_granule(SplitKernel::mma_direct, kD), Block::kSite);
@@ -780,13 +890,14 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
   unsigned k_off[2], v_off[4];
   typename Block::State state;
   typename Block::Acc o;
-  Block b(p, maps, range, m_s, l_s, w_s, o_s, ring, bars, planes_s, qb, k_key, v_key, k_off, v_off,
-          state, o);
+  Block b(p, maps, range, m_s, l_s, w_s, o_s, ring, bars, planes_s, views_s, qb, k_key, v_key,
+          k_off, v_off, state, o);
   if constexpr (kBulk) b.start_ring();
   b.load_q();
   b.select_bytes();
   b.share_planes();
   b.tile_offsets();
+  b.bound_rows();
   b.reset();
 
   // Double-buffered registers: tile i + 1's loads are in flight while tile i computes.
@@ -832,25 +943,30 @@ __global__ void __launch_bounds__(kThreads, split_blocks_per_sm(kBulk ? SplitKer
   b.merge_warps();
 }
 
-/// The kernel instance for (head_dim, rows): 128 × 8 and 128 × 16 register-direct, 256 × 8 bulk
-/// (one layer's launches only: select_split_kernel gives a batch head dim 256 to the staged
-/// kernel), with its dynamic shared memory; null otherwise.
+/// The kernel instance for (head_dim, rows): 128 × 8 and 128 × 16 register-direct (decode or
+/// verify), 256 × 8 bulk (a decode of one layer's launches only: select_split_kernel gives a
+/// batch head dim 256 to the staged kernel), with its dynamic shared memory; null otherwise.
 struct DirectInstance {
   void (*kernel)(SplitParams, PlaneMaps) = nullptr;
   int smem = 0;
 };
+template <bool kVerify>
 DirectInstance direct_kernel(int head_dim, int rows, bool batch) {
   if (head_dim == 128 && rows == 8)
-    return {batch ? decode_split_mma_direct_kernel<128, 1, false, true>
-                  : decode_split_mma_direct_kernel<128, 1, false, false>,
+    return {batch ? decode_split_mma_direct_kernel<128, 1, false, true, kVerify>
+                  : decode_split_mma_direct_kernel<128, 1, false, false, kVerify>,
             0};
   if (head_dim == 128 && rows == 16)
-    return {batch ? decode_split_mma_direct_kernel<128, 2, false, true>
-                  : decode_split_mma_direct_kernel<128, 2, false, false>,
+    return {batch ? decode_split_mma_direct_kernel<128, 2, false, true, kVerify>
+                  : decode_split_mma_direct_kernel<128, 2, false, false, kVerify>,
             0};
-  if (head_dim == 256 && rows == 8 && !batch)
-    return {decode_split_mma_direct_kernel<256, 1, true, false>, BulkRing::kBytes};
+  if (head_dim == 256 && rows == 8 && !batch && !kVerify)
+    return {decode_split_mma_direct_kernel<256, 1, true, false, false>, BulkRing::kBytes};
   return {};
+}
+DirectInstance direct_kernel(int head_dim, int rows, bool batch, bool verify) {
+  return verify ? direct_kernel<true>(head_dim, rows, batch)
+                : direct_kernel<false>(head_dim, rows, batch);
 }
 
 /// Sets a bulk instance's shared-memory attributes, once per instance and device (they hold for
@@ -922,17 +1038,17 @@ PlaneMaps plane_maps(const SplitParams& sp) {
 
 }  // namespace
 
-cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
-                                    cudaStream_t stream) {
-  const DirectInstance k = direct_kernel(head_dim, rows, sp.batch.list.slots != nullptr);
+cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, bool verify,
+                                    dim3 grid, cudaStream_t stream) {
+  const DirectInstance k = direct_kernel(head_dim, rows, sp.batch.list.slots != nullptr, verify);
   if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
   const PlaneMaps maps = k.smem > 0 ? plane_maps(sp) : PlaneMaps{};
   k.kernel<<<grid, kThreads, k.smem, stream>>>(sp, maps);
   return cudaGetLastError();
 }
 
-cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, int* blocks) {
-  const DirectInstance k = direct_kernel(head_dim, rows, false);
+cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, bool verify, int* blocks) {
+  const DirectInstance k = direct_kernel(head_dim, rows, false, verify);
   if (const cudaError_t err = prepare(k); err != cudaSuccess) return err;
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, k.kernel, kThreads, k.smem);
 }

@@ -33,7 +33,8 @@
 //    256: the accumulators of 128 dims × 16 rows or 256 × 8 fill the registers), WK = 4 / WR
 //    key groups, warp (r, k) taking m-tiles k, k + WK, … of every tile, two at a time where it
 //    has two or more (independent chains). select_split_kernel picks WR from T·gqa
-//    (verify_row_groups); blockIdx.z takes the rows beyond 4 row groups.
+//    (verify_row_groups; at head dim 128 T·gqa ≤ 16 runs on decode_mma_direct.cu's verify
+//    instances instead); blockIdx.z takes the rows beyond 4 row groups.
 //  - The conversion: thread c takes key c % tile and blocks c / tile, c / tile + kBStep, so
 //    that a warp's K blocks share one alignment, every shift is a compile-time constant and
 //    the two V halves of a block share one byte permute.
@@ -923,21 +924,18 @@ cudaError_t resident_blocks(int* blocks) {
 
 }  // namespace
 
-// The instances select_split_kernel names: rows = verify_group_rows(D) · verify_row_groups.
+// The instances select_split_kernel names: rows = verify_group_rows(D) · verify_row_groups (at
+// head dim 128 more than 16: fewer rows are decode_mma_direct.cu's).
 cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream) {
   if (head_dim == 128)
-    return rows <= 16   ? launch<128, 1>(sp, grid, stream)
-           : rows <= 32 ? launch<128, 2>(sp, grid, stream)
-                        : launch<128, 4>(sp, grid, stream);
+    return rows <= 32 ? launch<128, 2>(sp, grid, stream) : launch<128, 4>(sp, grid, stream);
   return rows <= 16 ? launch<256, 2>(sp, grid, stream) : launch<256, 4>(sp, grid, stream);
 }
 
 cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks) {
   if (head_dim == 128)
-    return rows <= 16   ? resident_blocks<128, 1>(blocks)
-           : rows <= 32 ? resident_blocks<128, 2>(blocks)
-                        : resident_blocks<128, 4>(blocks);
+    return rows <= 32 ? resident_blocks<128, 2>(blocks) : resident_blocks<128, 4>(blocks);
   return rows <= 16 ? resident_blocks<256, 2>(blocks) : resident_blocks<256, 4>(blocks);
 }
 

@@ -113,7 +113,10 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
       break;
     case SplitKernel::mma_direct:
     case SplitKernel::mma_bulk:
-      err = launch_split_mma_direct(sp, plan.head_dim, choice.rows, grid, stream);
+      err = launch_split_mma_direct(sp, plan.head_dim, choice.rows, false, grid, stream);
+      break;
+    case SplitKernel::mma_direct_verify:
+      err = launch_split_mma_direct(sp, plan.head_dim, choice.rows, true, grid, stream);
       break;
     case SplitKernel::mma_staged:
       err = launch_split_mma_staged(sp, plan.head_dim, choice.rows, grid, stream);
@@ -147,14 +150,18 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
 cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks) {
   const SplitChoice choice = select_split_kernel(plan, 0);
   if (choice.kernel == SplitKernel::mma_direct || choice.kernel == SplitKernel::mma_bulk)
-    return split_mma_direct_resident_blocks(plan.head_dim, choice.rows, blocks);
+    return split_mma_direct_resident_blocks(plan.head_dim, choice.rows, false, blocks);
   if (choice.kernel == SplitKernel::mma_staged)
     return split_mma_staged_resident_blocks(plan.head_dim, choice.rows, blocks);
   return cudaErrorInvalidValue;  // not a tensor-core decode plan
 }
 
-cudaError_t mma_verify_resident_blocks(int head_dim, int rows, int* blocks) {
-  return split_mma_verify_resident_blocks(head_dim, rows, blocks);
+cudaError_t mma_verify_resident_blocks(SplitKernel kernel, int head_dim, int rows, int* blocks) {
+  if (kernel == SplitKernel::mma_direct_verify)
+    return split_mma_direct_resident_blocks(head_dim, rows, true, blocks);
+  if (kernel == SplitKernel::mma_verify)
+    return split_mma_verify_resident_blocks(head_dim, rows, blocks);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace kvlayer::cuda::detail

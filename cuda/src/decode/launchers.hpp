@@ -23,9 +23,10 @@ cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, 
 cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
 /// decode_mma_direct.cu: the tensor-core split kernel for head dim 128 and `rows` 8 or 16 query
-/// heads (register-direct loads), or head dim 256 and 8 (bulk loads: SplitKernel::mma_bulk).
-cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, dim3 grid,
-                                    cudaStream_t stream);
+/// rows (register-direct loads; verify: SplitKernel::mma_direct_verify's rows of a verify
+/// decode), or head dim 256 and 8 (bulk loads: SplitKernel::mma_bulk).
+cudaError_t launch_split_mma_direct(const SplitParams& sp, int head_dim, int rows, bool verify,
+                                    dim3 grid, cudaStream_t stream);
 
 /// batch_schedule.cu: enqueues plan_batch_splits for a scheduled batch launch (sp.batch's
 /// schedule), aiming at `items` blocks per KV head of `granule`-key multiples.
@@ -34,7 +35,7 @@ cudaError_t launch_batch_schedule(const SplitParams& sp, int items, int granule,
 
 /// Resident blocks per multiprocessor (occupancy API, with the launch's attributes applied).
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);
-cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, int* blocks);
+cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, bool verify, int* blocks);
 cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
 
 /// What the merge reads and writes (merge.cu).

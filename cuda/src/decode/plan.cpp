@@ -119,21 +119,19 @@ void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_
     refuse(op, "verify_max_view_keys ", verify_max_view_keys, " is outside [1, 2^31 - 1]");
   plan.max_verify = max_verify;
   plan.verify_max_view_keys = verify_max_view_keys;
-  // Resident blocks of the kernel select_split_kernel names: for T ≥ 2 the verify kernel, for
-  // T = 1 the decode's.
-  const std::int64_t sms = std::max(multiprocessor_count, 1);
-  const SplitChoice verify = select_split_kernel(plan, 2);  // every verify instance alike
-  const int per_sm = split_blocks_per_sm(verify.kernel, plan.head_dim, verify.rows);
-  plan.verify_blocks = std::int64_t(per_sm) * sms;
-  const SplitChoice decode = select_split_kernel(plan, 1);
-  plan.verify_decode_blocks =
-      std::int64_t(split_blocks_per_sm(decode.kernel, plan.head_dim, decode.rows)) * sms;
+  plan.verify_multiprocessors = std::max(multiprocessor_count, 1);
   for (int t = 1; t <= max_verify; ++t) {
     const std::size_t rows = std::size_t(t) * std::size_t(plan.gqa);
     const std::size_t bytes = std::size_t(plan.n_kv_heads) * std::size_t(verify_splits(plan, t)) *
                               rows * std::size_t(plan.head_dim + 2) * sizeof(float);
     plan.scratch_bytes = std::max(plan.scratch_bytes, bytes);
   }
+}
+
+std::int64_t verify_wave_blocks(const DecodePlan& plan, int T) {
+  const SplitChoice choice = select_split_kernel(plan, T <= 1 ? 1 : T);
+  return std::int64_t(split_blocks_per_sm(choice.kernel, plan.head_dim, choice.rows)) *
+         plan.verify_multiprocessors;
 }
 
 int row_chunks(const DecodePlan& plan, int T) {
@@ -147,8 +145,8 @@ int verify_splits(const DecodePlan& plan, int T) {
   // than a tile.
   const std::int64_t max_tiles =
       (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
-  const std::int64_t blocks = T <= 1 ? plan.verify_decode_blocks : plan.verify_blocks;
-  const std::int64_t splits = blocks / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
+  const std::int64_t splits =
+      verify_wave_blocks(plan, T) / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
   std::int64_t most = std::min<std::int64_t>(max_tiles, kDecodeMaxSplits);
   if (plan.max_verify_splits > 0) most = std::min<std::int64_t>(most, plan.max_verify_splits);
   return int(std::clamp<std::int64_t>(splits, 1, most));
@@ -156,6 +154,12 @@ int verify_splits(const DecodePlan& plan, int T) {
 
 SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
   if (queries >= 2) {
+    // T·gqa ≤ 16 at head dim 128: the decode's register-direct kernel takes the rows on its
+    // n-tiles (each tile converted once, in registers; the verify kernel's shared-memory stage
+    // costs more than it shares at so few rows).
+    const int rows = queries * plan.gqa;
+    if (plan.head_dim == 128 && rows <= 16)
+      return {SplitKernel::mma_direct_verify, rows <= 8 ? 8 : 16};
     if (plan.head_dim == 128 || plan.head_dim == 256)
       return {SplitKernel::mma_verify, verify_group_rows(plan.head_dim) *
                                            verify_row_groups(plan.head_dim, queries * plan.gqa)};
@@ -222,6 +226,8 @@ const char* split_kernel_name(SplitKernel kernel) {
       return "mma_staged";
     case SplitKernel::mma_verify:
       return "mma_verify";
+    case SplitKernel::mma_direct_verify:
+      return "mma_direct_verify";
     case SplitKernel::mma_verify_staged:
       return "mma_verify_staged";
   }
@@ -233,10 +239,10 @@ namespace {
 /// A verify row's accumulation shape for splits of kps keys (at most `splits` of them).
 kvlayer::AccumulationShape verify_shape(const DecodePlan& plan, int T, std::int64_t kps,
                                         int splits) {
-  // T = 1 and the staged verify (as plan_decode's mma kernels): a warp sees every 4th 16-key
-  // tile of 64 keys, one mma step and one max update each. decode_mma_verify.cu: per tile of
-  // verify_tile_keys a warp takes verify_warp_mtiles m-tiles (one mma step each) in
-  // verify_softmax_steps max updates.
+  // T = 1, the direct and the staged verify (as plan_decode's mma kernels): a warp sees every
+  // 4th 16-key tile of 64 keys, one mma step and one max update each, K quants exact.
+  // decode_mma_verify.cu: per tile of verify_tile_keys a warp takes verify_warp_mtiles m-tiles (one
+  // mma step each) in verify_softmax_steps max updates.
   const SplitChoice choice = select_split_kernel(plan, T);
   std::int64_t tile = kDecodeMmaTileKeys, steps_per_tile = 1, updates_per_tile = 1;
   if (choice.kernel == SplitKernel::mma_verify) {
@@ -279,7 +285,7 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
 std::int64_t batch_items(const DecodePlan& plan, int T) {
   if (T <= 1) return plan.batch_items;
   const std::int64_t per_kv =
-      plan.verify_blocks / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
+      verify_wave_blocks(plan, T) / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
   return std::max<std::int64_t>(1, plan.batch_waves * per_kv);
 }
 

@@ -18,6 +18,9 @@ enum class SplitKernel {
   mma_bulk,
   mma_staged,  ///< decode_mma_staged.cu: cp.async stages per warp; head dim 64, 256 by 16 rows
   mma_verify,  ///< decode_mma_verify.cu: verify decodes of T ≥ 2 (SPEC §11), head dims 128, 256
+  /// decode_mma_direct.cu's verify instances: verify decodes of T·gqa ≤ 16 at head dim 128, the
+  /// decode's arithmetic with each row's causal view
+  mma_direct_verify,
   mma_verify_staged,  ///< decode_mma_staged.cu: verify decodes of T ≥ 2, head dim 64
 };
 
@@ -33,18 +36,20 @@ struct SplitInstance {
 
 // Why each occupancy: decode_mma_direct.cu, head dim 128 by 8 rows: 3 (two tiles of operands in
 // registers at 168 registers per thread); by 16 rows: 2 (a second n-tile doubles q̃ and the
-// accumulators); head dim 256 by 8 rows: 2 (two slices of operands; 58 KB of bulk-load ring).
+// accumulators; the verify instances alike); head dim 256 by 8 rows: 2 (two slices of operands;
+// 58 KB of bulk-load ring).
 // decode_mma_staged.cu: head dim 256 by 16 rows: 2 (96 KB of stages); head dim 64: 4.
 // decode_mma_verify.cu: 2 (its register cap: 255 at 2, at 3 the 170-register cap spills, and
 // 64 KB of shared memory). decode_cuda_core.cu: kDecodeBlocksPerSm.
 inline constexpr SplitInstance kSplitInstances[] = {
     {SplitKernel::mma_direct, 128, 8, 3},
     {SplitKernel::mma_direct, 128, 16, 2},
+    {SplitKernel::mma_direct_verify, 128, 8, 3},
+    {SplitKernel::mma_direct_verify, 128, 16, 2},
     {SplitKernel::mma_bulk, 256, 8, 2},
     {SplitKernel::mma_staged, 64, 8, 4},
     {SplitKernel::mma_staged, 64, 16, 4},
     {SplitKernel::mma_staged, 256, 16, 2},
-    {SplitKernel::mma_verify, 128, 16, 2},
     {SplitKernel::mma_verify, 128, 32, 2},
     {SplitKernel::mma_verify, 128, 64, 2},
     {SplitKernel::mma_verify, 256, 16, 2},
