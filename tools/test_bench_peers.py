@@ -50,14 +50,19 @@ def synthetic_kvlayer():
         res.append(kv_row(dc + "_b2b", h, d, g, keys, us + 1, window, floor=6.5))
     acc = []
     for data in ("normal", "k_outliers"):
-        for fmt, src, mx, rel in (("q8_0/q5_1", "kvlayer GPU decode_dc", 1.5e-4, 3.1e-3),
-                                  ("e4m3", "host emulation", 1.3e-3, 3.8e-2),
-                                  ("f16", "host emulation", 1.5e-5, 3.6e-4)):
-            scale = 10 if data == "k_outliers" else 1
-            acc.append({"data": data, "shape": "8x128 gqa 8", "n_kv_heads": 8, "head_dim": 128,
-                        "gqa": 8, "keys": 4096, "format": fmt, "source": src,
-                        "max_abs_err": mx * scale, "rms_err": rel * 0.026 * scale,
-                        "rel_rms_err": rel * scale, "ref_rms": 0.026, "ref_max_abs": 0.12})
+        for t in (1, 8):
+            for fmt, src, mx, rel in (("q8_0/q5_1", "kvlayer GPU decode_dc" if t == 1 else
+                                       "kvlayer GPU decode_rows_dc", 1.5e-4, 3.1e-3),
+                                      ("e4m3", "host emulation", 1.3e-3, 3.8e-2),
+                                      ("f16", "host emulation", 1.5e-5, 3.6e-4)):
+                scale = (10 if data == "k_outliers" else 1) * (2 if t == 8 else 1)
+                row = {"data": data, "shape": "8x128 gqa 8", "n_kv_heads": 8, "head_dim": 128,
+                       "gqa": 8, "keys": 4096, "format": fmt, "source": src,
+                       "max_abs_err": mx * scale, "rms_err": rel * 0.026 * scale,
+                       "rel_rms_err": rel * scale, "ref_rms": 0.026, "ref_max_abs": 0.12}
+                if t == 8:  # a decode row leaves "queries" out, as JSON from before T = 8 rows
+                    row["queries"] = t
+                acc.append(row)
     return {"date": "2026-12-02", "gpu": "NVIDIA H200", "ceiling_gbs": 4506.0, "reps": 50,
             "wall_s": 31.0, "results": res, "accuracy": acc,
             "accuracy_method": "synthetic method text",
@@ -247,12 +252,15 @@ def test_results_md():
     assert r[("8×128 gqa 8", "1024", "—")]["xqa_int8"] == "err"
     assert r[("1×128 gqa 16", "4096", "—")]["xqa_e4m3"] == "—"  # skipped by the budget
     head, rows = table(text, "Accuracy")
-    assert head[:4] == ["data", "geometry", "keys", "ref RMS"]
-    assert head[4:] == ["q8_0/q5_1 max abs", "q8_0/q5_1 rel RMS", "e4m3 max abs",
+    assert head[:5] == ["data", "geometry", "keys", "T", "ref RMS"]
+    assert head[5:] == ["q8_0/q5_1 max abs", "q8_0/q5_1 rel RMS", "e4m3 max abs",
                         "e4m3 rel RMS", "f16 max abs", "f16 rel RMS"], head
-    assert rows[0][:3] == ["normal", "8×128 gqa 8", "4096"]
-    assert rows[0][4:] == ["1.50e-04", "3.10e-03", "1.30e-03", "3.80e-02", "1.50e-05", "3.60e-04"]
-    assert rows[1][0] == "k_outliers" and rows[1][5] == "3.10e-02"
+    assert len(rows) == 4, rows
+    assert rows[0][:4] == ["normal", "8×128 gqa 8", "4096", "1"]
+    assert rows[0][5:] == ["1.50e-04", "3.10e-03", "1.30e-03", "3.80e-02", "1.50e-05", "3.60e-04"]
+    assert rows[1][:4] == ["normal", "8×128 gqa 8", "4096", "8"] and rows[1][6] == "6.20e-03"
+    assert rows[2][0] == "k_outliers" and rows[2][6] == "3.10e-02"
+    assert "q8_0/q5_1: kvlayer GPU decode_dc, kvlayer GPU decode_rows_dc;" in text
     assert "synthetic method text" in text and "k_outliers: synthetic channels." in text
     assert "GPU: NVIDIA H200, driver 580.159.04" in text and "FlashInfer 0.7.4+kvpeers" in text
     _, rows = table(text, "Every kvlayer row")

@@ -431,6 +431,10 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
          2,
          "kvlayer bench: --shape '8x100x8' must be KVxDxG with KV in [1, 64], D one of " +
              kvlayer::cuda::supported_head_dims() + ", G in [1, 16]\n"});
+    cases.push_back({{"bench", "--accuracy-only", "--no-accuracy"},
+                     2,
+                     "kvlayer bench: --accuracy-only excludes --batch-only, --no-accuracy and "
+                     "--decode-only\n"});
     cases.push_back({{"bench", "--shape", "1x128x16"},
                      2,
                      "kvlayer bench: --shape applies to --decode-only only\n"});

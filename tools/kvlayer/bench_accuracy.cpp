@@ -64,17 +64,19 @@ std::vector<float> round_to(std::span<const float> x, KvFormat format) {
   return r;
 }
 
-std::vector<double> attention_f64(const AttentionInput& in, bool q_f16) {
+namespace {
+
+/// One query position's attention (attention_f64) over the first `keys` keys: q and out are
+/// that query's [n_kv_heads * gqa, head_dim].
+void attend(const AttentionInput& in, std::int64_t keys, const float* q, bool q_f16, double* out) {
   const int d = in.head_dim, gqa = in.gqa, n_kv = in.n_kv_heads;
-  const std::int64_t keys = in.keys;
-  std::vector<double> out(std::size_t(n_kv) * gqa * d, 0.0);
   std::vector<double> qt(std::size_t(d) * gqa);    // [dim][query head of the group]
   std::vector<double> s(std::size_t(keys) * gqa);  // [key][query head]
   std::vector<double> acc(std::size_t(gqa) * d);   // [query head][dim]
   for (int h = 0; h < n_kv; ++h) {
     for (int j = 0; j < gqa; ++j)
       for (int e = 0; e < d; ++e) {
-        const float qv = in.q[(std::size_t(h) * gqa + j) * d + e];
+        const float qv = q[(std::size_t(h) * gqa + j) * d + e];
         qt[std::size_t(e) * gqa + j] = q_f16 ? double(round_f16(qv)) : double(qv);
       }
     // The inner loops run over independent accumulators (query heads, dims), so they vectorize
@@ -110,6 +112,16 @@ std::vector<double> attention_f64(const AttentionInput& in, bool q_f16) {
       for (int e = 0; e < d; ++e)
         out[(std::size_t(h) * gqa + j) * d + e] = acc[std::size_t(j) * d + e] / l[j];
   }
+}
+
+}  // namespace
+
+std::vector<double> attention_f64(const AttentionInput& in, bool q_f16) {
+  const std::size_t per_query = std::size_t(in.n_kv_heads) * in.gqa * in.head_dim;
+  std::vector<double> out(per_query * std::size_t(in.queries), 0.0);
+  for (int i = 0; i < in.queries; ++i)
+    attend(in, in.keys - in.queries + i + 1, in.q.data() + per_query * i, q_f16,
+           out.data() + per_query * i);
   return out;
 }
 

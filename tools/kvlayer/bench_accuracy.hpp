@@ -77,17 +77,19 @@ enum class KvFormat { exact, e4m3, f16 };
 /// Every value of `x` rounded through the format (a copy for exact).
 std::vector<float> round_to(std::span<const float> x, KvFormat format);
 
-/// One batch-1 decode: q [n_kv_heads * gqa, head_dim], K and V [keys, n_kv_heads, head_dim]
-/// (kvlayer's row layout); query head h attends KV head h / gqa.
+/// One batch-1 decode, or a verify of `queries` = T (SPEC §11): q [T, n_kv_heads * gqa,
+/// head_dim], K and V [keys, n_kv_heads, head_dim] (kvlayer's row layout); query head h attends
+/// KV head h / gqa, and query i (position keys − T + i) the keys [0, keys − T + i] (causal).
 struct AttentionInput {
   int n_kv_heads = 1, head_dim = 128, gqa = 1;
   std::int64_t keys = 0;
   std::span<const float> q, k, v;
   double scale = 0;  ///< softmax scale (kvlayer's default: f32 1/sqrt(head_dim))
+  int queries = 1;   ///< T ≥ 1, at most keys
 };
 
-/// softmax(scale * q·K) · V in float64, q first rounded to fp16 when `q_f16`:
-/// [n_kv_heads * gqa, head_dim].
+/// softmax(scale * q·K) · V in float64 over each query's keys, q first rounded to fp16 when
+/// `q_f16`: [T, n_kv_heads * gqa, head_dim].
 std::vector<double> attention_f64(const AttentionInput& in, bool q_f16);
 
 /// An output against the float64 reference over the unquantized values.
@@ -122,8 +124,10 @@ void scale_outlier_channels(std::span<float> k, int n_kv_heads, int head_dim);
 /// What the accuracy rows measure, for the JSON and the printed table.
 inline constexpr std::string_view kAccuracyMethod =
     "attention-output error against a float64 attention over the unquantized f32 q, K, V "
-    "(softmax scale f32 1/sqrt(head_dim)). q8_0/q5_1: kvlayer's GPU decode_dc output, copied "
-    "back. e4m3 (per-tensor scale 1, as peers.py's FlashInfer/XQA fp8 rows; round-to-nearest-"
+    "(softmax scale f32 1/sqrt(head_dim)); T = 8 rows: a verify of the last 8 positions, each "
+    "query causal over the keys up to its own. q8_0/q5_1: kvlayer's GPU decode_dc (T = 1) or "
+    "decode_rows_dc (T = 8) output, copied back. e4m3 (per-tensor scale 1, as peers.py's "
+    "FlashInfer/XQA fp8 rows; round-to-nearest-"
     "even, saturating at +-448) and f16 (round-to-nearest-even): emulated on the host, K/V "
     "rounded to the format and q to fp16, then the float64 attention; the peers' own kernel "
     "arithmetic is not emulated, so those errors are lower bounds. rel_rms_err = RMS(out - ref) "

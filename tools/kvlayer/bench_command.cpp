@@ -35,7 +35,7 @@ using cuda::Stream;
 
 constexpr std::string_view kUsage =
     "usage: kvlayer bench [--json FILE] [--reps N] [--quick] [--no-accuracy] [--no-verify]\n"
-    "                     [--no-batch | --batch-only]\n"
+    "                     [--no-batch | --batch-only | --accuracy-only]\n"
     "                     [--decode-only KEYS [--shape S] [--queries T] [--capacity C]]\n"
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
@@ -53,7 +53,7 @@ constexpr std::string_view kUsage =
     "  with outlier channels (4 per head, 10-50x), the attention-output error (max abs, RMS\n"
     "  relative to the output's RMS) against a float64 attention over the unquantized values:\n"
     "  kvlayer's GPU decode_dc (q8_0 K, q5_1 V) and host emulations of fp8 e4m3 (scale 1)\n"
-    "  and fp16 caches.\n"
+    "  and fp16 caches; the same for a verify of T = 8 queries (decode_rows_dc, causal).\n"
     "  --json FILE   also write the results as JSON (for tools/bench-peers)\n"
     "  --reps N      timed repetitions per measurement (default 50)\n"
     "  --quick       one geometry, fewer lengths, accuracy at 4K keys only (a smoke run)\n"
@@ -64,6 +64,7 @@ constexpr std::string_view kUsage =
     "                at 128K keys; and batch verifies of T = 4 at B = 8, 32 of the first two;\n"
     "                eager and graph-replayed)\n"
     "  --batch-only  the ceiling and the batch rows alone (for tools/batch_peers.py's run)\n"
+    "  --accuracy-only  the accuracy rows alone (no timings)\n"
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
     "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n"
@@ -97,8 +98,12 @@ struct AccuracyRow {
   std::string data, format, source;
   int n_kv_heads = 0, head_dim = 0, gqa = 0;
   std::int64_t keys = 0;
+  int queries = 1;  ///< T: 1 a decode, else a verify of T queries (its last T positions)
   ErrorStats e;
 };
+
+/// The verify of the accuracy rows: T = 8 draft tokens, the size issue #29's targets name.
+inline constexpr int kAccuracyVerifyQueries = 8;
 
 struct Bench {
   Stream stream;
@@ -375,23 +380,29 @@ struct Bench {
 
   /// Attention-output errors (bench_accuracy.hpp) on N(0,1) K/V, then on the same K with its
   /// outlier channels scaled: the values are made on the host, appended to a layer of the timed
-  /// decode's geometry, decoded once by decode_dc and read back; the e4m3 and f16 caches are
-  /// emulated on the host from the same values.
+  /// decode's geometry, decoded once by decode_dc and verified once by decode_rows_dc (T =
+  /// kAccuracyVerifyQueries, each query causal over the keys), read back; the e4m3 and f16
+  /// caches are emulated on the host from the same values.
   void accuracy(int n_kv, int hd, int gqa, std::int64_t keys) {
     Geometry g;
     g.n_kv_heads = n_kv;
     g.head_dim_k = g.head_dim_v = hd;
     g.max_ctx = keys;
     const int nq = n_kv * gqa;
+    constexpr int kT = kAccuracyVerifyQueries;
     std::vector<float> k(std::size_t(keys * g.kv_dim_k())), v(std::size_t(keys * g.kv_dim_v())),
-        q(std::size_t(nq) * hd), out(q.size());
+        q(std::size_t(nq) * hd), out(q.size()), qt(std::size_t(kT) * q.size()), outt(qt.size());
     const std::uint64_t seed = std::uint64_t(keys) * 1000 + std::uint64_t(hd) * 10;
     fill_normal(k, seed);
     fill_normal(v, seed + 1);
     fill_normal(q, seed + 2);
-    DeviceBuffer dk(k.size() * 4), dv(v.size() * 4), dq(q.size() * 4), dout(out.size() * 4);
+    fill_normal(qt, seed + 3);
+    DeviceBuffer dk(k.size() * 4), dv(v.size() * 4), dq(q.size() * 4), dout(out.size() * 4),
+        dqt(qt.size() * 4), doutt(outt.size() * 4);
     KVLAYER_CUDA_TRY(cudaMemcpyAsync(dv.get(), v.data(), dv.bytes(), cudaMemcpyHostToDevice, s()));
     KVLAYER_CUDA_TRY(cudaMemcpyAsync(dq.get(), q.data(), dq.bytes(), cudaMemcpyHostToDevice, s()));
+    KVLAYER_CUDA_TRY(
+        cudaMemcpyAsync(dqt.get(), qt.data(), dqt.bytes(), cudaMemcpyHostToDevice, s()));
     const std::vector<float> v_e4m3 = round_to(v, KvFormat::e4m3),
                              v_f16 = round_to(v, KvFormat::f16);
     for (const bool outliers : {false, true}) {
@@ -405,26 +416,34 @@ struct Bench {
                                     dv.as<float>() + done * g.kv_dim_v(),
                                     std::min(chunk, keys - done), DType::f32});
       layer.decode_dc(dq.as<float>(), dout.as<float>());
+      layer.decode_rows_dc(dqt.as<float>(), doutt.as<float>(), kT);
       KVLAYER_CUDA_TRY(
           cudaMemcpyAsync(out.data(), dout.get(), dout.bytes(), cudaMemcpyDeviceToHost, s()));
+      KVLAYER_CUDA_TRY(
+          cudaMemcpyAsync(outt.data(), doutt.get(), doutt.bytes(), cudaMemcpyDeviceToHost, s()));
       KVLAYER_CUDA_TRY(cudaStreamSynchronize(s()));
       if (const LayerStatus st = layer.status(); !st.ok())
         throw Error(ErrorKind::device, "accuracy layer: " + st.message());
 
-      const AttentionInput in{n_kv, hd, gqa, keys, q, k, v, double(layer.default_scale())};
-      const std::vector<double> ref = attention_f64(in, false);
-      auto record = [&](const char* format, const char* source, const ErrorStats& e) {
-        accuracy_rows.push_back(AccuracyRow{outliers ? "k_outliers" : "normal", format, source,
-                                            n_kv, hd, gqa, keys, e});
-      };
-      record("q8_0/q5_1", "kvlayer GPU decode_dc",
-             error_stats(ref, std::vector<double>(out.begin(), out.end())));
       const std::vector<float> k_e4m3 = round_to(k, KvFormat::e4m3);
-      const AttentionInput e4m3{n_kv, hd, gqa, keys, q, k_e4m3, v_e4m3, in.scale};
-      record("e4m3", "host emulation", error_stats(ref, attention_f64(e4m3, true)));
       const std::vector<float> k_f16 = round_to(k, KvFormat::f16);
-      const AttentionInput f16{n_kv, hd, gqa, keys, q, k_f16, v_f16, in.scale};
-      record("f16", "host emulation", error_stats(ref, attention_f64(f16, true)));
+      // The decode (T = 1) and the verify (T = kT) rows, each against its own float64 reference.
+      for (const int t : {1, kT}) {
+        const std::span<const float> qs = t == 1 ? std::span<const float>(q) : qt;
+        const std::vector<float>& got = t == 1 ? out : outt;
+        const AttentionInput in{n_kv, hd, gqa, keys, qs, k, v, double(layer.default_scale()), t};
+        const std::vector<double> ref = attention_f64(in, false);
+        auto record = [&](const char* format, const char* source, const ErrorStats& e) {
+          accuracy_rows.push_back(AccuracyRow{outliers ? "k_outliers" : "normal", format, source,
+                                              n_kv, hd, gqa, keys, t, e});
+        };
+        record("q8_0/q5_1", t == 1 ? "kvlayer GPU decode_dc" : "kvlayer GPU decode_rows_dc",
+               error_stats(ref, std::vector<double>(got.begin(), got.end())));
+        const AttentionInput e4m3{n_kv, hd, gqa, keys, qs, k_e4m3, v_e4m3, in.scale, t};
+        record("e4m3", "host emulation", error_stats(ref, attention_f64(e4m3, true)));
+        const AttentionInput f16{n_kv, hd, gqa, keys, qs, k_f16, v_f16, in.scale, t};
+        record("f16", "host emulation", error_stats(ref, attention_f64(f16, true)));
+      }
     }
   }
 
@@ -467,9 +486,12 @@ struct Bench {
 
 int run_bench(const std::vector<std::string>& args) {
   const Options o(args, {"json", "reps", "decode-only", "shape", "queries", "capacity"},
-                  {"quick", "no-accuracy", "no-verify", "no-batch", "batch-only"});
+                  {"quick", "no-accuracy", "no-verify", "no-batch", "batch-only", "accuracy-only"});
   if (o.flag("batch-only") && o.flag("no-batch"))
     throw UsageError("--batch-only and --no-batch exclude each other");
+  const bool accuracy_only = o.flag("accuracy-only");
+  if (accuracy_only && (o.flag("batch-only") || o.flag("no-accuracy") || o.get("decode-only")))
+    throw UsageError("--accuracy-only excludes --batch-only, --no-accuracy and --decode-only");
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
   const int queries = int(o.integer("queries", 0, 1, cuda::kDefaultMaxVerify));
@@ -515,8 +537,10 @@ int run_bench(const std::vector<std::string>& args) {
                   capacity > 0 ? (" capacity " + std::to_string(capacity)).c_str() : "");
     return kExitOk;
   }
-  b.ceiling();
-  std::printf("streaming-read ceiling: %.0f GB/s\n", b.ceiling_gbs);
+  if (!accuracy_only) {
+    b.ceiling();
+    std::printf("streaming-read ceiling: %.0f GB/s\n", b.ceiling_gbs);
+  }
   struct G {
     int n_kv, hd, gqa;
   };
@@ -527,7 +551,7 @@ int run_bench(const std::vector<std::string>& args) {
       quick ? std::vector<std::int64_t>{4096, 131072}
             : std::vector<std::int64_t>{1024, 4096, 16384, 65536, 131072};
   const bool batch_only = o.flag("batch-only");
-  if (!o.flag("no-batch")) {
+  if (!o.flag("no-batch") && !accuracy_only) {
     for (const char* which : {"4k", "log"})
       for (const int bs : quick ? std::vector<int>{8} : std::vector<int>{8, 32, 128})
         b.batch(which, batch_lengths(which, bs));
@@ -537,11 +561,11 @@ int run_bench(const std::vector<std::string>& args) {
       for (const int bs : quick ? std::vector<int>{8} : std::vector<int>{8, 32})
         b.batch(which, batch_lengths(which, bs), 4);
   }
-  for (const G& g : batch_only ? std::vector<G>{} : geoms) {
+  for (const G& g : batch_only || accuracy_only ? std::vector<G>{} : geoms) {
     for (std::int64_t keys : lengths) b.decode(g.n_kv, g.hd, g.gqa, keys, 0);
     b.decode(g.n_kv, g.hd, g.gqa, 131072, 4096);
   }
-  if (!o.flag("no-verify") && !batch_only) {
+  if (!o.flag("no-verify") && !batch_only && !accuracy_only) {
     const std::vector<int> ts = {1, 2, 4, 8, 16};
     const std::vector<G> verify_geoms =
         quick ? std::vector<G>{{8, 128, 8}} : std::vector<G>{{8, 128, 8}, {4, 256, 8}};
@@ -552,7 +576,7 @@ int run_bench(const std::vector<std::string>& args) {
       b.verify(g.n_kv, g.hd, g.gqa, 131072, 4096, ts);
     }
   }
-  if (!batch_only) {
+  if (!batch_only && !accuracy_only) {
     b.append(1);
     b.append(4096);
     b.graph_step();
@@ -603,13 +627,14 @@ int run_bench(const std::vector<std::string>& args) {
   if (!b.accuracy_rows.empty())
     std::printf(
         "\naccuracy: attention output against float64 over the unquantized values\n"
-        "%-10s %-12s %7s %-10s %-22s %12s %12s %10s\n",
-        "data", "geometry", "keys", "format", "source", "max abs err", "rel RMS err", "ref RMS");
+        "%-10s %-12s %7s %3s %-10s %-26s %12s %12s %10s\n",
+        "data", "geometry", "keys", "T", "format", "source", "max abs err", "rel RMS err",
+        "ref RMS");
   for (const AccuracyRow& a : b.accuracy_rows) {
     const std::string geom = std::to_string(a.n_kv_heads) + "x" + std::to_string(a.head_dim) +
                              " gqa " + std::to_string(a.gqa);
-    std::printf("%-10s %-12s %7lld %-10s %-22s %12.3e %12.3e %10.3e\n", a.data.c_str(),
-                geom.c_str(), (long long)a.keys, a.format.c_str(), a.source.c_str(),
+    std::printf("%-10s %-12s %7lld %3d %-10s %-26s %12.3e %12.3e %10.3e\n", a.data.c_str(),
+                geom.c_str(), (long long)a.keys, a.queries, a.format.c_str(), a.source.c_str(),
                 a.e.max_abs_err, a.e.rel_rms_err(), a.e.ref_rms);
     accuracy.push_back({{"data", a.data},
                         {"shape", geom},
@@ -617,6 +642,7 @@ int run_bench(const std::vector<std::string>& args) {
                         {"head_dim", a.head_dim},
                         {"gqa", a.gqa},
                         {"keys", a.keys},
+                        {"queries", a.queries},
                         {"format", a.format},
                         {"source", a.source},
                         {"max_abs_err", a.e.max_abs_err},
