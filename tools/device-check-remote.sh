@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The on-device half of tools/device-check (run there by the device tool, in the repo root):
-#   1. every GoogleTest binary in BUILD/bin, in parallel (the CPU-only ones too);
+#   1. every GoogleTest binary in BUILD/bin, in parallel (the CPU-only ones too), except the
+#      fault tests, which run first and alone (they watch the device's free memory, which any
+#      other process's allocations move: $OUT/fault-tests.done marks their end, for a caller
+#      that starts more GPU work beside this check);
 #      beside them the consumer example BUILD/bin/examples/engine_loop (tools/device-check
 #      builds it against an install of the build), run as a program, not a GoogleTest binary
 #      ("example engine_loop": PASS on exit status 0 only; MISSING when it was not built); and
@@ -275,7 +278,15 @@ echo "test binaries: ${binaries[*]##*/}"
 if ((${#binaries[@]} == 0)); then
   printf '%s|%s|%s\n' "test binaries" "FAIL(none in $build/bin)" "0" >"$results/binaries"
 fi
+# The fault tests alone, before anything else allocates on the device (see the header).
+fault_tests=kvlayer_cuda_fault_tests
+if ((!sanitize_only)) && [[ " ${binaries[*]##*/} " == *" $fault_tests "* ]]; then
+  run_step "test $fault_tests" "$work/logs/test_$fault_tests.log" "$test_timeout" \
+    "$build/bin/$fault_tests" --gtest_color=no
+fi
+touch "$out/fault-tests.done"
 ((sanitize_only)) || for b in "${binaries[@]}"; do
+  [[ ${b##*/} == "$fault_tests" ]] && continue  # run above, alone
   if [[ ${b##*/} == kvlayer_multi_gpu_tests ]] && ((gpus < 2)); then
     # Its single-GPU suites still run (and must pass); the two-GPU tests are reported as not run.
     run_step "test ${b##*/} (single-GPU suites)" "$work/logs/test_${b##*/}.log" "$test_timeout" \

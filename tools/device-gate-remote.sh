@@ -43,6 +43,14 @@ origin=$(cat "$D/ORIGIN" 2>/dev/null || echo "$PWD")
 [[ $phase == mut || $phase == all || ${DSF_CHECK:-0} == 1 ]] && tar -xJf "$D/mut.tar.xz"
 
 # The jobs, each stopping MARGIN seconds before the budget and ending its log with its exit.
+# GPU work beside device_check starts once its fault tests, which must run alone, are done.
+after_fault_tests() {  # at most 120 s
+  local waited=0
+  while [[ ! -e $L/dc/fault-tests.done ]] && ((waited < 120)); do
+    sleep 2
+    waited=$((waited + 2))
+  done
+}
 device_check() {  # MARGIN
   (OUT=$L/dc KVLAYER_SANITIZE_TIMEOUT=240 timeout $(($(left) - $1)) \
     bash tools/device-check-remote.sh build-device "$origin" >"$L/device-check.txt" 2>&1
@@ -84,6 +92,7 @@ bench_ab() {  # MARGIN
 case $phase in
   check)
     device_check 40 &
+    after_fault_tests
     campaign 40 "${CAMPAIGN_PROCS:-10}" &
     # default_scale_f16 here with DSF_CHECK=1, so that mut can be short
     [[ ${DSF_CHECK:-0} == 1 ]] && default_scale_f16 40 &
@@ -102,6 +111,7 @@ case $phase in
     # Every phase at once, for a session with device time for one call only: a smaller campaign,
     # the mutants given more minutes each (the GPU is shared); then bench-ab while time is left.
     device_check 40 &
+    after_fault_tests
     campaign 40 "${CAMPAIGN_PROCS:-6}" &
     mutant_list 60 "${MJOBS:-12}" "${MMIN:-1.5}" &
     default_scale_f16 60 &
