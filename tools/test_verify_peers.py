@@ -117,7 +117,8 @@ def test_args():
     a = vp.parse_args([])
     assert a.geom_list == [(8, 128, 8), (4, 256, 8)]
     assert a.key_list == [4096, 16384, 131072] and a.window == 4096
-    assert a.window_key_list == [131072] and a.query_list == [1, 2, 4, 8, 16] and a.t_max == 16
+    assert a.window_key_list == [131072] and a.query_list == [1, 2, 4, 8, 16, 32, 64]
+    assert a.t_max == 64
     assert a.peer_list == vp.DEFAULT_PEERS and "sdpa_efficient_f16" not in a.peer_list
     assert [(g, k, w) for g, k, w in vp.points(a)][:4] == [
         ((8, 128, 8), 4096, None), ((8, 128, 8), 16384, None), ((8, 128, 8), 131072, None),
@@ -237,7 +238,7 @@ def test_run_loop_json():
     timed = [r for r in rows if not r.get("check")]
     # 2 geometries x (flat, window) x 4 peers, less flash's window (no form to check)
     assert len(checks) == 2 * 2 * 4 - 2, len(checks)
-    assert len(timed) == 8 * 4 * 5, len(timed)
+    assert len(timed) == 8 * 4 * 7, len(timed)  # 8 points x 4 peers x T = 1 ... 64
     for r in rows:
         assert ROW_KEYS <= set(r), set(r) ^ ROW_KEYS
         assert r["shape"] == f"{r['n_kv_heads']}x{r['head_dim']} gqa {r['gqa']}"
@@ -248,7 +249,7 @@ def test_run_loop_json():
     assert "causal_lower_right" in r["note"]
     c = next(x for x in checks if x["peer"] == "sdpa_cudnn_f16" and x["window"] is None)
     assert c["ok"] is True and c["form"] == "lower_right" and "No available kernel" in c["note"]
-    assert c["keys"] == 24 and c["queries"] == 16 and c["us"] is None
+    assert c["keys"] == 72 and c["queries"] == 64 and c["us"] is None  # check_case(T max 64)
     c = next(x for x in checks if x["peer"] == "sdpa_cudnn_f16" and x["window"] == 8)
     assert c["ok"] is False and "form" not in c
     r = by[("sdpa_cudnn_f16", "4x256 gqa 8", 131072, 4096, 2)]
@@ -274,7 +275,7 @@ def test_budget_and_sticky():
     rc, res, fake = run_fake(["--budget-s", "0", "--geoms", "8x128x8"])
     assert rc == 0 and not fake.opened
     assert all(r["us"] is None and r["error"].startswith("skipped") for r in res["rows"])
-    assert len([r for r in res["rows"] if not r.get("check")]) == 4 * 4 * 5
+    assert len([r for r in res["rows"] if not r.get("check")]) == 4 * 4 * 7
     rc, res, fake = run_fake(["--no-check", "--geoms", "8x128x8", "--keys", "4096",
                               "--window", "0"])
     assert rc == 0 and not any(r.get("check") for r in res["rows"])

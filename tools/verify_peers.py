@@ -63,7 +63,7 @@ from peer_common import (add_run_args, cuda_torch, guarded, import_peers,  # noq
                          write_json)
 DEFAULT_GEOMS = "8x128x8,4x256x8"  # n_kv_heads x head_dim x gqa, as kvlayer bench's verify rows
 DEFAULT_KEYS = "4096,16384,131072"
-DEFAULT_QUERIES = "1,2,4,8,16"
+DEFAULT_QUERIES = "1,2,4,8,16,32,64"
 ALL_PEERS = ["sdpa_cudnn_f16", "sdpa_flash_f16", "sdpa_efficient_f16",
              "fi_prefill_f16", "fi_prefill_e4m3"]
 DEFAULT_PEERS = ["sdpa_cudnn_f16", "sdpa_flash_f16", "fi_prefill_f16", "fi_prefill_e4m3"]

@@ -441,9 +441,9 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
     cases.push_back({{"bench", "--queries", "4"},
                      2,
                      "kvlayer bench: --queries applies to --decode-only only\n"});
-    cases.push_back({{"bench", "--decode-only", "4096", "--queries", "17"},
+    cases.push_back({{"bench", "--decode-only", "4096", "--queries", "65"},
                      2,
-                     "kvlayer bench: --queries '17' must be an integer in [1, 16]\n"});
+                     "kvlayer bench: --queries '65' must be an integer in [1, 64]\n"});
     cases.push_back({{"bench", "--capacity", "131072"},
                      2,
                      "kvlayer bench: --capacity applies to --decode-only only\n"});

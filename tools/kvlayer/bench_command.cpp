@@ -40,7 +40,7 @@ constexpr std::string_view kUsage =
     "  Times on the GPU, in one run: the streaming-read ceiling; decode (host-len, dc, dcw) for\n"
     "  8x128 gqa 8, 8x128 gqa 4, 4x256 gqa 8, 1x128 gqa 16 at 1K-128K keys and with a 4096-key\n"
     "  window, eager (one call; _b2b: 20 back to back) and graph-replayed; verify decode (SPEC "
-    "§11) of T = 1, 2, 4, 8, 16 queries for 8x128 gqa 8 and\n"
+    "§11) of T = 1, 2, 4, 8, 16, 32, 64 queries for 8x128 gqa 8 and\n"
     "  4x256 gqa 8 at 4K, 16K and 128K keys and with a 4096-key window, graph-replayed;\n"
     "  batch decode (SPEC §12, one launch for B sequences, see --no-batch) and batch verify\n"
     "  (T = 4 per sequence);\n"
@@ -68,7 +68,7 @@ constexpr std::string_view kUsage =
     "  --decode-only KEYS  only the 8x128 gqa 8 decode at KEYS keys, no ceiling (for a\n"
     "                profiler: few launches; % ceiling is not reported)\n"
     "  --shape KVxDxG  the --decode-only geometry: KV heads x head dim x gqa (default 8x128x8)\n"
-    "  --queries T   with --decode-only: the graph-replayed verify decode of T (1..16) queries\n"
+    "  --queries T   with --decode-only: the graph-replayed verify decode of T (1..64) queries\n"
     "  --capacity C  with --decode-only: layers of C >= KEYS rows holding KEYS keys (an engine's\n"
     "                short view of a long cache; the grid is planned for C)\n";
 
@@ -171,9 +171,10 @@ struct Bench {
   }
   static constexpr std::int64_t kFillChunk = 4096;
 
-  /// Layers filled with random rows, enough copies that their planes exceed 4× the L2.
-  std::vector<std::unique_ptr<cuda::KvLayer>> make_layers(const Geometry& g, int nq,
-                                                          std::int64_t fill) {
+  /// Layers filled with random rows, enough copies that their planes exceed 4× the L2; verify
+  /// decodes of up to max_verify queries.
+  std::vector<std::unique_ptr<cuda::KvLayer>> make_layers(
+      const Geometry& g, int nq, std::int64_t fill, int max_verify = cuda::kDefaultMaxVerify) {
     // Enough copies of the bytes a decode reads (the filled rows) to keep L2 cold.
     const double layer_bytes =
         double(std::min<std::int64_t>(g.rows(), std::max<std::int64_t>(fill, 1))) *
@@ -183,7 +184,7 @@ struct Bench {
         v(std::size_t(kFillChunk * g.kv_dim_v()) * 4);
     std::vector<std::unique_ptr<cuda::KvLayer>> layers;
     for (int c = 0; c < copies; ++c) {
-      layers.push_back(std::make_unique<cuda::KvLayer>(g, nq, s()));
+      layers.push_back(std::make_unique<cuda::KvLayer>(g, nq, s(), max_verify));
       fill_rows(*layers.back(), g, fill, k, v, 1000 + std::uint64_t(c) * 7919,
                 2000 + std::uint64_t(c) * 7919);
     }
@@ -239,7 +240,7 @@ struct Bench {
     if (window) g.window = window;
     const int nq = n_kv * gqa;
     const int t_max = *std::max_element(ts.begin(), ts.end());
-    auto layers = make_layers(g, nq, keys);
+    auto layers = make_layers(g, nq, keys, std::max(t_max, cuda::kDefaultMaxVerify));
     DeviceBuffer q(std::size_t(t_max * nq * hd) * 4), out(std::size_t(t_max * nq * hd) * 4);
     KVLAYER_CUDA_TRY(launch_fill_random(q.as<float>(), std::size_t(t_max * nq * hd), 98, s()));
     for (int t : ts) {
@@ -494,7 +495,7 @@ int run_bench(const std::vector<std::string>& args) {
     throw UsageError("--accuracy-only excludes --batch-only, --no-accuracy and --decode-only");
   const int reps = int(o.integer("reps", 50, 5, 100000));
   const std::int64_t decode_only = o.integer("decode-only", 0, 64, 1 << 24);
-  const int queries = int(o.integer("queries", 0, 1, cuda::kDefaultMaxVerify));
+  const int queries = int(o.integer("queries", 0, 1, cuda::kMaxVerify));
   if (queries > 0 && decode_only == 0) throw UsageError("--queries applies to --decode-only only");
   const std::int64_t capacity = o.integer("capacity", 0, 64, 1 << 24);
   if (capacity > 0 && decode_only == 0)
@@ -566,7 +567,8 @@ int run_bench(const std::vector<std::string>& args) {
     b.decode(g.n_kv, g.hd, g.gqa, 131072, 4096);
   }
   if (!o.flag("no-verify") && !batch_only && !accuracy_only) {
-    const std::vector<int> ts = {1, 2, 4, 8, 16};
+    // Up to kMaxVerify: issue #29 times T = 32 and 64 too (layers built for them).
+    const std::vector<int> ts = {1, 2, 4, 8, 16, 32, 64};
     const std::vector<G> verify_geoms =
         quick ? std::vector<G>{{8, 128, 8}} : std::vector<G>{{8, 128, 8}, {4, 256, 8}};
     const std::vector<std::int64_t> verify_keys =
