@@ -167,7 +167,7 @@ TEST_F(Cli, UnknownCommand) {
 #ifdef KVLAYER_CLI_HAS_BENCH
   const std::string commands =
       "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, sensitivity, bench, "
-      "soak, probe, snapshot-bench";
+      "soak, probe, mma-probe, snapshot-bench";
 #else
   const std::string commands =
       "quantize, dequantize, selfcheck, fuzz, replay, inspect, snapshot-demo, sensitivity";
@@ -462,6 +462,12 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
                      "kvlayer probe: --keys '1000' must be an integer in [1024, 4194304]\n"});
     cases.push_back(
         {{"probe", "--keys", "1030"}, 2, "kvlayer probe: --keys 1030 must be a multiple of 16\n"});
+    cases.push_back({{"mma-probe", "--tiles", "6"},
+                     2,
+                     "kvlayer mma-probe: --tiles 6 must be a multiple of 4\n"});
+    cases.push_back({{"mma-probe", "--tiles", "2"},
+                     2,
+                     "kvlayer mma-probe: --tiles '2' must be an integer in [4, 65536]\n"});
   }
   expect_errors(cases);
 }
@@ -502,7 +508,7 @@ TEST_F(Cli, HelpTextsPrintPercentSignsOnce) {
   std::vector<std::string> commands = {"quantize", "dequantize", "selfcheck",    "fuzz",
                                        "replay",   "inspect",    "snapshot-demo"};
 #ifdef KVLAYER_CLI_HAS_BENCH
-  commands.insert(commands.end(), {"bench", "soak", "probe"});
+  commands.insert(commands.end(), {"bench", "soak", "probe", "mma-probe"});
 #endif
   for (const auto& c : commands) {
     const Result r = run({c, "--help"});

@@ -71,6 +71,7 @@ const Command& sensitivity_command();
 const Command& bench_command();
 const Command& soak_command();
 const Command& probe_command();
+const Command& mma_probe_command();
 const Command& snapshot_bench_command();
 #endif
 

@@ -16,18 +16,10 @@ namespace {
 /// Every subcommand, in the order `kvlayer --help` lists them.
 using CommandFactory = const Command& (*)();
 constexpr CommandFactory kCommands[] = {
-    &quantize_command,
-    &dequantize_command,
-    &selfcheck_command,
-    &fuzz_command,
-    &replay_command,
-    &inspect_command,
-    &snapshot_demo_command,
-    &sensitivity_command,
+    &quantize_command,       &dequantize_command, &selfcheck_command,     &fuzz_command,
+    &replay_command,         &inspect_command,    &snapshot_demo_command, &sensitivity_command,
 #ifdef KVLAYER_WITH_CUDA
-    &bench_command,
-    &soak_command,
-    &probe_command,
+    &bench_command,          &soak_command,       &probe_command,         &mma_probe_command,
     &snapshot_bench_command,
 #endif
 };
