@@ -78,28 +78,31 @@ std::uint64_t mix(std::uint64_t z) {  // splitmix64's finalizer
   return z ^ (z >> 31);
 }
 
+/// Element (i, j)'s exact Σ addends and Σ|addends| in fixed point.
+struct FixedDot {
+  i128 sum = 0, abs_sum = 0;
+};
+FixedDot fixed_dot(const MmaTile& t, int i, int j) {
+  i128 add[MmaTile::kK + 1];
+  addends(t, i, j, add);
+  FixedDot d;
+  for (const i128 x : add) {
+    d.sum += x;
+    d.abs_sum += magnitude(x);
+  }
+  return d;
+}
+
 }  // namespace
 
 ExactDot exact_dot(const MmaTile& t, int i, int j) {
-  i128 add[MmaTile::kK + 1];
-  addends(t, i, j, add);
-  i128 sum = 0, abs_sum = 0;
-  for (const i128 x : add) {
-    sum += x;
-    abs_sum += magnitude(x);
-  }
-  return {to_long_double(sum), to_long_double(abs_sum)};
+  const FixedDot d = fixed_dot(t, i, j);
+  return {to_long_double(d.sum), to_long_double(d.abs_sum)};
 }
 
 double error_ratio(const MmaTile& t, int i, int j, float got) {
   if (!std::isfinite(got)) return std::numeric_limits<double>::infinity();
-  i128 add[MmaTile::kK + 1];
-  addends(t, i, j, add);
-  i128 sum = 0, abs_sum = 0;
-  for (const i128 x : add) {
-    sum += x;
-    abs_sum += magnitude(x);
-  }
+  const auto [sum, abs_sum] = fixed_dot(t, i, j);
   // got is an f32 near the sum: exact in fixed point unless it is below 2^-41 (then the long
   // double difference is accurate to far below what the ratio resolves).
   const long double err = std::fabs(got) >= 0x1p-41f || got == 0
