@@ -91,7 +91,12 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
   // A verify decode's views reach max_verify − 1 keys further back than a decode's window.
   const std::int64_t verify_view =
       geometry.window ? std::min<std::int64_t>(*geometry.window + max_verify - 1, s.rows) : s.rows;
-  detail::plan_verify(s.decode_plan, max_verify, verify_view, sms);
+  int major = 0, minor = 0;
+  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  const bool wgmma = options.verify == DecodeOptions::Verify::automatic &&
+                     detail::wgmma_verify_supported(major, minor);
+  detail::plan_verify(s.decode_plan, max_verify, verify_view, sms, wgmma);
 
   const auto k_bytes = std::size_t(s.rows * geometry.k_tok_bytes()) + kPlaneTailBytes;
   const auto v_bytes = std::size_t(s.rows * geometry.v_tok_bytes()) + kPlaneTailBytes;
@@ -431,18 +436,19 @@ std::vector<DecodeInstance> decode_instances() {
   for (const int d : kSupportedHeadDims)
     for (int gqa = 1; gqa <= kMaxGqa; ++gqa)
       for (const auto kernel : {DecodeOptions::Kernel::mma, DecodeOptions::Kernel::cuda_core})
-        for (const auto rows : {DecodeOptions::Rows::split, DecodeOptions::Rows::whole}) {
-          DecodeOptions o;
-          o.kernel = kernel;
-          o.rows = rows;
-          detail::DecodePlan plan = detail::plan_decode(1, d, gqa, kAnyView, kAnySms, o);
-          detail::plan_verify(plan, kMaxVerify, kAnyView, kAnySms);
-          for (int t = 0; t <= kMaxVerify; ++t) {
-            const detail::SplitChoice c = detail::select_split_kernel(plan, t);
-            const DecodeInstance i{detail::split_kernel_name(c.kernel), d, c.rows};
-            if (std::find(all.begin(), all.end(), i) == all.end()) all.push_back(i);
+        for (const auto rows : {DecodeOptions::Rows::split, DecodeOptions::Rows::whole})
+          for (const bool wgmma : {false, true}) {
+            DecodeOptions o;
+            o.kernel = kernel;
+            o.rows = rows;
+            detail::DecodePlan plan = detail::plan_decode(1, d, gqa, kAnyView, kAnySms, o);
+            detail::plan_verify(plan, kMaxVerify, kAnyView, kAnySms, wgmma);
+            for (int t = 0; t <= kMaxVerify; ++t) {
+              const detail::SplitChoice c = detail::select_split_kernel(plan, t);
+              const DecodeInstance i{detail::split_kernel_name(c.kernel), d, c.rows};
+              if (std::find(all.begin(), all.end(), i) == all.end()) all.push_back(i);
+            }
           }
-        }
   return all;
 }
 

@@ -60,7 +60,8 @@ float default_scale_mutant(float s);
 #define KVLAYER_MUTANT_UNITS(X) \
   X(append)                     \
   X(decode_cuda_core)           \
-  X(decode_mma_staged) X(decode_mma_direct) X(decode_mma_verify) X(decode_merge) X(batch_schedule)
+  X(decode_mma_staged)          \
+  X(decode_mma_direct) X(decode_mma_verify) X(decode_wgmma_verify) X(decode_merge) X(batch_schedule)
 #define KVLAYER_DECLARE_MUTANT_UNIT(unit) \
   cudaError_t unit##_arm_mutant(int m);   \
   cudaError_t unit##_mutant_reach(unsigned* sites);

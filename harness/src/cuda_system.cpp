@@ -29,6 +29,7 @@ cuda::DecodeOptions decode_options(const DecodeChoice& choice) {
                    ? cuda::DecodeOptions::Kernel::cuda_core
                    : cuda::DecodeOptions::Kernel::mma;
   if (choice.rows) o.rows = cuda::DecodeOptions::Rows(int(*choice.rows));
+  if (choice.verify) o.verify = cuda::DecodeOptions::Verify(int(*choice.verify));
   if (choice.split_balance) o.split_balance = *choice.split_balance;
   o.max_verify_splits = choice.max_verify_splits;
   if (choice.batch_waves) o.batch_waves = *choice.batch_waves;

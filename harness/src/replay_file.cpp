@@ -165,11 +165,13 @@ Command command_of(const json& j, const std::string& where) {
 
 constexpr const char* kKernels[] = {"mma", "cuda_core"};
 constexpr const char* kRows[] = {"auto", "split", "whole"};
+constexpr const char* kVerify[] = {"auto", "mma"};
 
 json decode_json(const DecodeChoice& d) {
   json j = json::object();
   if (d.kernel) j["kernel"] = kKernels[int(*d.kernel)];
   if (d.rows) j["rows"] = kRows[int(*d.rows)];
+  if (d.verify) j["verify"] = kVerify[int(*d.verify)];
   if (d.split_balance) j["split_balance"] = *d.split_balance;
   if (d.max_verify_splits != 0) j["max_verify_splits"] = d.max_verify_splits;
   if (d.batch_waves) j["batch_waves"] = *d.batch_waves;
@@ -190,12 +192,13 @@ int one_of(const json& obj, const char* key, const char* const (&names)[N]) {
 DecodeChoice decode_of(const json& j) {
   if (!j.is_object()) malformed("decode", "expected an object");
   for (const auto& [key, value] : j.items())
-    if (key != "kernel" && key != "rows" && key != "split_balance" && key != "max_verify_splits" &&
-        key != "batch_waves")
+    if (key != "kernel" && key != "rows" && key != "verify" && key != "split_balance" &&
+        key != "max_verify_splits" && key != "batch_waves")
       malformed("decode", "unknown field '" + key + "'");
   DecodeChoice d;
   if (j.contains("kernel")) d.kernel = DecodeChoice::Kernel(one_of(j, "kernel", kKernels));
   if (j.contains("rows")) d.rows = DecodeChoice::Rows(one_of(j, "rows", kRows));
+  if (j.contains("verify")) d.verify = DecodeChoice::Verify(one_of(j, "verify", kVerify));
   if (j.contains("split_balance"))
     d.split_balance = int(integer(j, "split_balance", "decode", 0, 64));
   if (j.contains("max_verify_splits"))

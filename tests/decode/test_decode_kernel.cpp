@@ -136,6 +136,7 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
     DecodeKernel family;
     SplitKernel kernel;
     int rows;
+    bool wgmma = false;  ///< plan_verify's: the device and the build have warpgroup MMA
   };
   const Case cases[] = {
       {128, 8, 0, DecodeKernel::mma, SplitKernel::mma_direct, 8},
@@ -164,6 +165,15 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
       {128, 3, 7, DecodeKernel::mma, SplitKernel::mma_verify, 32},
       {128, 3, 11, DecodeKernel::mma, SplitKernel::mma_verify, 64},
       {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::mma_verify, 64},
+      // Where the device has warpgroup MMA: more than 16 rows at head dim 128 in blocks of 64
+      // rows of the wgmma kernel; 16 or fewer, and the other head dims, as without it.
+      {128, 1, 17, DecodeKernel::mma, SplitKernel::wgmma_verify, 64, true},
+      {128, 8, 4, DecodeKernel::mma, SplitKernel::wgmma_verify, 64, true},
+      {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::wgmma_verify, 64, true},
+      {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_direct_verify, 16, true},
+      {128, 8, 1, DecodeKernel::mma, SplitKernel::mma_direct, 8, true},
+      {256, 8, 8, DecodeKernel::mma, SplitKernel::mma_verify, 32, true},
+      {64, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify_staged, 16, true},
       // Head dim 256: 8-row groups, at least two of them.
       {256, 1, 5, DecodeKernel::cuda_core, SplitKernel::mma_verify, 16},
       {256, 8, 2, DecodeKernel::mma, SplitKernel::mma_verify, 16},
@@ -173,12 +183,12 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
   };
   for (const Case& c : cases) {
     auto p = plan_decode(8, c.d, c.gqa, 4096, 132, c.family);
-    cuda::detail::plan_verify(p, 64, 4096, 132);
+    cuda::detail::plan_verify(p, 64, 4096, 132, c.wgmma);
     const cuda::detail::SplitChoice got = cuda::detail::select_split_kernel(p, c.queries);
     EXPECT_TRUE(got.kernel == c.kernel && got.rows == c.rows)
-        << "D " << c.d << " gqa " << c.gqa << " queries " << c.queries << ": got "
-        << cuda::detail::split_kernel_name(got.kernel) << " rows " << got.rows << ", expected "
-        << cuda::detail::split_kernel_name(c.kernel) << " rows " << c.rows;
+        << "D " << c.d << " gqa " << c.gqa << " queries " << c.queries << " wgmma " << c.wgmma
+        << ": got " << cuda::detail::split_kernel_name(got.kernel) << " rows " << got.rows
+        << ", expected " << cuda::detail::split_kernel_name(c.kernel) << " rows " << c.rows;
   }
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_bulk), "mma_bulk");
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify), "mma_verify");
@@ -186,6 +196,12 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
                "mma_direct_verify");
   EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::mma_verify_staged),
                "mma_verify_staged");
+  EXPECT_STREQ(cuda::detail::split_kernel_name(SplitKernel::wgmma_verify), "wgmma_verify");
+  // Warpgroup MMA: only an sm_90a build (this build's CMake: 90 among the architectures) on a
+  // 9.0 device.
+  EXPECT_FALSE(cuda::detail::wgmma_verify_supported(8, 0));
+  EXPECT_FALSE(cuda::detail::wgmma_verify_supported(10, 0));
+  EXPECT_FALSE(cuda::detail::wgmma_verify_supported(9, 1));
 }
 
 // Verify grids: T·gqa rows in blocks of the selected rows (blockIdx.z), the splits sharing one
@@ -273,8 +289,18 @@ TEST(DecodePlan, MmaBlocksPerSmAreResident) {
       }
   for (const cuda::detail::SplitInstance& i : cuda::detail::kSplitInstances) {
     if (i.kernel != cuda::detail::SplitKernel::mma_verify &&
-        i.kernel != cuda::detail::SplitKernel::mma_direct_verify)
+        i.kernel != cuda::detail::SplitKernel::mma_direct_verify &&
+        i.kernel != cuda::detail::SplitKernel::wgmma_verify)
       continue;
+    if (i.kernel == cuda::detail::SplitKernel::wgmma_verify) {
+      int dev = 0, major = 0, minor = 0;
+      ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+      ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                cudaSuccess);
+      ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev),
+                cudaSuccess);
+      if (!cuda::detail::wgmma_verify_supported(major, minor)) continue;  // never launched here
+    }
     int blocks = 0;
     ASSERT_EQ(cuda::detail::mma_verify_resident_blocks(i.kernel, i.head_dim, i.rows, &blocks),
               cudaSuccess);
@@ -294,20 +320,22 @@ TEST(DecodePlan, EveryKernelChoiceIsACompiledInstance) {
            {cuda::DecodeOptions::Kernel::mma, cuda::DecodeOptions::Kernel::cuda_core})
         for (const auto rows : {cuda::DecodeOptions::Rows::automatic,
                                 cuda::DecodeOptions::Rows::split, cuda::DecodeOptions::Rows::whole})
-          for (const bool batch : {false, true}) {
-            cuda::DecodeOptions o;
-            o.kernel = kernel;
-            o.rows = rows;
-            auto plan = plan_decode(1, d, gqa, 65536, 132, o);
-            plan.batch = batch;
-            for (int t = 0; t <= cuda::kMaxVerify; ++t) {
-              const SplitChoice c = cuda::detail::select_split_kernel(plan, t);
-              EXPECT_TRUE(cuda::detail::split_instance_built(c.kernel, d, c.rows))
-                  << cuda::detail::split_kernel_name(c.kernel) << " D " << d << " rows " << c.rows
-                  << " (gqa " << gqa << ", T " << t << ")";
-              ++checked;
+          for (const bool batch : {false, true})
+            for (const bool wgmma : {false, true}) {
+              cuda::DecodeOptions o;
+              o.kernel = kernel;
+              o.rows = rows;
+              auto plan = plan_decode(1, d, gqa, 65536, 132, o);
+              cuda::detail::plan_verify(plan, cuda::kMaxVerify, 65536, 132, wgmma);
+              plan.batch = batch;
+              for (int t = 0; t <= cuda::kMaxVerify; ++t) {
+                const SplitChoice c = cuda::detail::select_split_kernel(plan, t);
+                EXPECT_TRUE(cuda::detail::split_instance_built(c.kernel, d, c.rows))
+                    << cuda::detail::split_kernel_name(c.kernel) << " D " << d << " rows " << c.rows
+                    << " (gqa " << gqa << ", T " << t << ")";
+                ++checked;
+              }
             }
-          }
   EXPECT_GT(checked, 1000);
   // And the table has no instance the selector cannot reach.
   for (const cuda::detail::SplitInstance& i : cuda::detail::kSplitInstances) {
@@ -316,17 +344,19 @@ TEST(DecodePlan, EveryKernelChoiceIsACompiledInstance) {
       for (const auto kernel :
            {cuda::DecodeOptions::Kernel::mma, cuda::DecodeOptions::Kernel::cuda_core})
         for (const auto rows : {cuda::DecodeOptions::Rows::split, cuda::DecodeOptions::Rows::whole})
-          for (const bool batch : {false, true}) {
-            cuda::DecodeOptions o;
-            o.kernel = kernel;
-            o.rows = rows;
-            auto plan = plan_decode(1, i.head_dim, gqa, 65536, 132, o);
-            plan.batch = batch;
-            for (int t = 0; t <= cuda::kMaxVerify && !reached; ++t) {
-              const SplitChoice c = cuda::detail::select_split_kernel(plan, t);
-              reached = c.kernel == i.kernel && c.rows == i.rows;
+          for (const bool batch : {false, true})
+            for (const bool wgmma : {false, true}) {
+              cuda::DecodeOptions o;
+              o.kernel = kernel;
+              o.rows = rows;
+              auto plan = plan_decode(1, i.head_dim, gqa, 65536, 132, o);
+              cuda::detail::plan_verify(plan, cuda::kMaxVerify, 65536, 132, wgmma);
+              plan.batch = batch;
+              for (int t = 0; t <= cuda::kMaxVerify && !reached; ++t) {
+                const SplitChoice c = cuda::detail::select_split_kernel(plan, t);
+                reached = c.kernel == i.kernel && c.rows == i.rows;
+              }
             }
-          }
     EXPECT_TRUE(reached) << cuda::detail::split_kernel_name(i.kernel) << " D " << i.head_dim
                          << " rows " << i.rows << " is compiled but never chosen";
   }
@@ -405,11 +435,11 @@ TEST(DecodePlan, PlannerIgnoresTheEnvironment) {
 // from_environment reads the four variables and refuses anything else, naming the value.
 TEST(DecodeOptions, FromTheEnvironment) {
   const char* vars[] = {"KVLAYER_DECODE_ROWS", "KVLAYER_DECODE_KERNEL", "KVLAYER_SPLIT_BALANCE",
-                        "KVLAYER_BATCH_WAVES"};
+                        "KVLAYER_BATCH_WAVES", "KVLAYER_VERIFY_KERNEL"};
   struct Restore {
     const char* const* vars;
     ~Restore() {
-      for (int i = 0; i < 4; ++i) ::unsetenv(vars[i]);
+      for (int i = 0; i < 5; ++i) ::unsetenv(vars[i]);
     }
   } restore{vars};
   for (const char* v : vars) ::unsetenv(v);
@@ -418,7 +448,9 @@ TEST(DecodeOptions, FromTheEnvironment) {
   ::setenv("KVLAYER_DECODE_KERNEL", "cuda_core", 1);
   ::setenv("KVLAYER_SPLIT_BALANCE", "17", 1);
   ::setenv("KVLAYER_BATCH_WAVES", "9", 1);
+  ::setenv("KVLAYER_VERIFY_KERNEL", "mma", 1);
   const auto o = cuda::DecodeOptions::from_environment();
+  EXPECT_EQ(o.verify, cuda::DecodeOptions::Verify::mma);
   EXPECT_EQ(o.rows, cuda::DecodeOptions::Rows::whole);
   EXPECT_EQ(o.kernel, cuda::DecodeOptions::Kernel::cuda_core);
   EXPECT_EQ(o.split_balance, 17);
@@ -439,6 +471,9 @@ TEST(DecodeOptions, FromTheEnvironment) {
   expect_refused("KVLAYER_DECODE_ROWS", "halves",
                  "DecodeOptions: KVLAYER_DECODE_ROWS=halves is not a row choice (supported: auto, "
                  "split, whole)");
+  expect_refused("KVLAYER_VERIFY_KERNEL", "wgmma",
+                 "DecodeOptions: KVLAYER_VERIFY_KERNEL=wgmma is not a verify kernel (supported: "
+                 "auto, mma)");
   expect_refused("KVLAYER_DECODE_KERNEL", "wmma",
                  "DecodeOptions: KVLAYER_DECODE_KERNEL=wmma is not a decode kernel (supported: "
                  "mma, cuda_core)");

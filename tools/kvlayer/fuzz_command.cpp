@@ -26,7 +26,7 @@ constexpr std::string_view kUsage =
     "usage: kvlayer fuzz [--cases N] [--minutes M] [--seed S] [--max-size N]\n"
     "                    [--replay-dir DIR] [--reference-only] [--require-coverage]\n"
     "                    [--head-dim D] [--min-gqa G] [--max-gqa G] [--rows R] [--kernel K]\n"
-    "                    [--longest N] [--hang-seconds S]\n"
+    "                    [--verify-kernel V] [--longest N] [--hang-seconds S]\n"
     "  Runs random command sequences (append, append_dc(w), inc_seqlen, reserve, rewind,\n"
     "  decode variants, physical_rows, captured graph chains, status) on the reference and\n"
     "  the CUDA KvLayer, comparing planes, counters, status and decode outputs after every\n"
@@ -42,6 +42,9 @@ constexpr std::string_view kUsage =
     "                   draw only cases of head dim D, gqa in [G, G], that row choice, that\n"
     "                   kernel family (aims a campaign at some kernel instances; tools/mutants\n"
     "                   runs one per instance, tools/device-campaign.sh aims some processes)\n"
+    "  --verify-kernel auto|mma\n"
+    "                   verify decodes of T·gqa > 16 at head dim 128 on that kernel (auto:\n"
+    "                   warpgroup MMA where the device has it; mma: the mma.sync kernel)\n"
     "  --longest N      draw no view longer than N keys (default 131072: short, medium and\n"
     "                   long views; tools/mutants uses 8192, whose cases and shrinks are fast)\n"
     "  --hang-seconds S a call into the CUDA layer (state read-backs included) that has not\n"
@@ -247,7 +250,7 @@ void print_mutant_note(const SystemChoice& choice) {
 int run_fuzz(const std::vector<std::string>& args) {
   const Options o(args,
                   {"cases", "minutes", "seed", "max-size", "replay-dir", "head-dim", "min-gqa",
-                   "max-gqa", "rows", "kernel", "longest", "hang-seconds"},
+                   "max-gqa", "rows", "kernel", "verify-kernel", "longest", "hang-seconds"},
                   {"reference-only", "require-coverage"});
   harness::CampaignConfig config;
   config.cases = o.integer("cases", 300, 1, 1'000'000'000);
@@ -287,6 +290,14 @@ int run_fuzz(const std::vector<std::string>& args) {
       config.limits.kernel = harness::DecodeChoice::Kernel::cuda_core;
     else
       throw UsageError("--kernel '" + *kernel + "' must be mma or cuda_core");
+  }
+  if (const auto verify = o.get("verify-kernel")) {
+    if (*verify == "auto")
+      config.limits.verify = harness::DecodeChoice::Verify::automatic;
+    else if (*verify == "mma")
+      config.limits.verify = harness::DecodeChoice::Verify::mma;
+    else
+      throw UsageError("--verify-kernel '" + *verify + "' must be auto or mma");
   }
   config.hang_seconds =
       double(o.integer("hang-seconds", std::int64_t(harness::kDefaultHangSeconds), 0, 86400));

@@ -98,6 +98,9 @@ struct DecodePlan {
   int max_verify = 0;
   std::int64_t verify_max_view_keys = 0;
   int verify_multiprocessors = 0;
+  /// Verify decodes of T·gqa > 16 at head dim 128 run on decode_wgmma_verify.cu (plan_verify's
+  /// `wgmma`: the device and the build have warpgroup MMA, and the options allow it).
+  bool wgmma_verify = false;
 };
 
 /// What the accuracy contract needs of a plan (kvlayer/accuracy.hpp, rounding points
@@ -109,8 +112,10 @@ kvlayer::AccumulationShape accumulation_shape(const DecodePlan& plan);
 /// the tensor-core split kernel (decode_mma_staged.cu) whatever plan.kernel says. Throws
 /// kvlayer::Error (refused) for max_verify outside [1, kMaxVerify] or a view outside
 /// [1, 2^31 − 1].
+/// `wgmma`: verify decodes of T·gqa > 16 at head dim 128 may run on warpgroup MMA (true only
+/// where wgmma_verify_supported says the device and the build have it).
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
-                 int multiprocessor_count);
+                 int multiprocessor_count, bool wgmma = false);
 
 /// Split blocks of the kernel a verify decode of T queries runs (T = 1: the decode's) that the
 /// device holds at once (shared by a launch's row blocks): each T's grid fills its own wave.
@@ -189,9 +194,13 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 /// cudaErrorInvalidValue for a cuda_core plan.
 cudaError_t mma_split_resident_blocks(const DecodePlan& plan, int* blocks);
 
-/// The same for a verify instance (SplitKernel mma_verify or mma_direct_verify) of head_dim and
-/// `rows` query rows per block; verify_wave_blocks sizes a verify grid for its kSplitInstances
-/// entry.
+/// Whether decode_wgmma_verify.cu runs on a device of compute capability major.minor: only an
+/// sm_90a build (CMake: 90 among the CUDA architectures) on a 9.0 device.
+bool wgmma_verify_supported(int major, int minor);
+
+/// The same for a verify instance (SplitKernel mma_verify, mma_direct_verify or wgmma_verify) of
+/// head_dim and `rows` query rows per block; verify_wave_blocks sizes a verify grid for its
+/// kSplitInstances entry.
 cudaError_t mma_verify_resident_blocks(SplitKernel kernel, int head_dim, int rows, int* blocks);
 
 /// One decode launch.

@@ -32,6 +32,16 @@ const char* decode_rows_name(DecodeOptions::Rows rows) {
   return "?";
 }
 
+const char* decode_verify_name(DecodeOptions::Verify verify) {
+  switch (verify) {
+    case DecodeOptions::Verify::automatic:
+      return "auto";
+    case DecodeOptions::Verify::mma:
+      return "mma";
+  }
+  return "?";
+}
+
 namespace {
 
 /// The variable's value as an integer in [lo, hi], or `otherwise` when it is not set. The whole
@@ -73,6 +83,13 @@ DecodeOptions DecodeOptions::from_environment() {
       o.rows = Rows::whole;
     else if (v != "auto")
       refuse(op, "KVLAYER_DECODE_ROWS=", v, " is not a row choice (supported: auto, split, whole)");
+  }
+  if (const char* env = std::getenv("KVLAYER_VERIFY_KERNEL")) {
+    const std::string_view v(env);
+    if (v == "mma")
+      o.verify = Verify::mma;
+    else if (v != "auto")
+      refuse(op, "KVLAYER_VERIFY_KERNEL=", v, " is not a verify kernel (supported: auto, mma)");
   }
   o.split_balance =
       integer_from_environment("KVLAYER_SPLIT_BALANCE", 0, kMaxSplitBalance, o.split_balance);

@@ -34,6 +34,10 @@ __host__ __device__ constexpr int verify_group_rows(int head_dim) {
   return head_dim == 128 ? 16 : 8;
 }
 
+/// decode_wgmma_verify.cu (head dim 128): keys per block tile, query rows per block (wgmma's M).
+inline constexpr int kWgmmaVerifyTileKeys = 64;
+inline constexpr int kWgmmaVerifyRows = 64;
+
 /// Whether decode_mma_verify.cu folds each K block's d into its fp16 K (accuracy.hpp (1), fused
 /// form; the plan's AccumulationShape::k_fused_f16): at head dim 128. At 256 the 16-step chain
 /// would leave the declared check short of its resolution target (bench/NOTES.md).

@@ -111,13 +111,14 @@ DecodePlan plan_decode(int n_kv_heads, int head_dim, int gqa, std::int64_t max_v
 }
 
 void plan_verify(DecodePlan& plan, int max_verify, std::int64_t verify_max_view_keys,
-                 int multiprocessor_count) {
+                 int multiprocessor_count, bool wgmma) {
   const char* op = "plan_verify";
   if (max_verify < 1 || max_verify > kMaxVerify)
     refuse(op, "max_verify ", max_verify, " is outside the supported range [1, ", kMaxVerify, "]");
   if (verify_max_view_keys < 1 || verify_max_view_keys > std::numeric_limits<std::int32_t>::max())
     refuse(op, "verify_max_view_keys ", verify_max_view_keys, " is outside [1, 2^31 - 1]");
   plan.max_verify = max_verify;
+  plan.wgmma_verify = wgmma;
   plan.verify_max_view_keys = verify_max_view_keys;
   plan.verify_multiprocessors = std::max(multiprocessor_count, 1);
   for (int t = 1; t <= max_verify; ++t) {
@@ -157,12 +158,16 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
     // T·gqa ≤ 16 at head dim 128: the decode's register-direct kernel takes the rows on its
     // n-tiles (each tile converted once, in registers; the verify kernel's shared-memory stage
     // costs more than it shares at so few rows).
+    // More rows at head dim 128, where the device has warpgroup MMA: the wgmma kernel, 64 rows
+    // per block.
     const int rows = queries * plan.gqa;
     if (plan.head_dim == 128 && rows <= 16)
       return {SplitKernel::mma_direct_verify, rows <= 8 ? 8 : 16};
+    if (plan.head_dim == 128 && plan.wgmma_verify)
+      return {SplitKernel::wgmma_verify, kWgmmaVerifyRows};
     if (plan.head_dim == 128 || plan.head_dim == 256)
-      return {SplitKernel::mma_verify, verify_group_rows(plan.head_dim) *
-                                           verify_row_groups(plan.head_dim, queries * plan.gqa)};
+      return {SplitKernel::mma_verify,
+              verify_group_rows(plan.head_dim) * verify_row_groups(plan.head_dim, rows)};
     return {SplitKernel::mma_verify_staged, kVerifyRowsPerBlock};
   }
   if (plan.kernel == DecodeKernel::cuda_core && queries == 0) {
@@ -206,6 +211,9 @@ LaunchShape launch_shape(const DecodePlan& plan, int T, std::int64_t view_keys) 
     case SplitKernel::mma_verify:
       s.loop_keys = verify_tile_keys(plan.head_dim);
       break;
+    case SplitKernel::wgmma_verify:
+      s.loop_keys = kWgmmaVerifyTileKeys;
+      break;
     default:
       s.loop_keys = kDecodeMmaTileKeys;
   }
@@ -230,6 +238,8 @@ const char* split_kernel_name(SplitKernel kernel) {
       return "mma_direct_verify";
     case SplitKernel::mma_verify_staged:
       return "mma_verify_staged";
+    case SplitKernel::wgmma_verify:
+      return "wgmma_verify";
   }
   return "?";
 }
@@ -243,21 +253,29 @@ kvlayer::AccumulationShape verify_shape(const DecodePlan& plan, int T, std::int6
   // 4th 16-key tile of 64 keys, one mma step and one max update each, K quants exact.
   // decode_mma_verify.cu: per tile of verify_tile_keys a warp takes verify_warp_mtiles m-tiles (one
   // mma step each) in verify_softmax_steps max updates.
+  // decode_wgmma_verify.cu: per 64-key tile one max update and 4 k16 steps of P·V; a row lives
+  // in one warp (no merge of warps), K̃ = fp16(d·q).
   const SplitChoice choice = select_split_kernel(plan, T);
-  std::int64_t tile = kDecodeMmaTileKeys, steps_per_tile = 1, updates_per_tile = 1;
+  std::int64_t tile = kDecodeMmaTileKeys, steps_per_tile = 1, updates_per_tile = 1, merges = 1;
   if (choice.kernel == SplitKernel::mma_verify) {
     tile = verify_tile_keys(plan.head_dim);
     steps_per_tile = verify_warp_mtiles(plan.head_dim, T * plan.gqa);
     updates_per_tile = verify_softmax_steps(plan.head_dim, T * plan.gqa);
   }
+  if (choice.kernel == SplitKernel::wgmma_verify) {
+    tile = kWgmmaVerifyTileKeys;
+    steps_per_tile = kWgmmaVerifyTileKeys / 16;
+    merges = 0;
+  }
   const std::int64_t tiles = kps / tile;
   kvlayer::AccumulationShape shape;
   shape.max_keys_per_split = kps;
   shape.n_splits = splits;
-  shape.rescales = tiles * updates_per_tile + 1;  // + the block's merge of its warps
+  shape.rescales = tiles * updates_per_tile + merges;  // + the block's merge of its warps
   shape.tensor_core = true;
   shape.pv_mma_steps = tiles * steps_per_tile;
-  shape.k_fused_f16 = choice.kernel == SplitKernel::mma_verify && verify_folds_k(plan.head_dim);
+  shape.k_fused_f16 = (choice.kernel == SplitKernel::mma_verify && verify_folds_k(plan.head_dim)) ||
+                      choice.kernel == SplitKernel::wgmma_verify;
   return shape;
 }
 

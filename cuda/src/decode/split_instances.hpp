@@ -22,6 +22,9 @@ enum class SplitKernel {
   /// decode's arithmetic with each row's causal view
   mma_direct_verify,
   mma_verify_staged,  ///< decode_mma_staged.cu: verify decodes of T ≥ 2, head dim 64
+  /// decode_wgmma_verify.cu: verify decodes of T·gqa > 16 at head dim 128 on warpgroup MMA
+  /// (sm_90a builds on compute capability 9.0 devices; elsewhere mma_verify)
+  wgmma_verify,
 };
 
 /// One compiled instance: its kernel, head dim, query rows per block, and the blocks one
@@ -40,7 +43,8 @@ struct SplitInstance {
 // 58 KB of bulk-load ring).
 // decode_mma_staged.cu: head dim 256 by 16 rows: 2 (96 KB of stages); head dim 64: 4.
 // decode_mma_verify.cu: 2 (its register cap: 255 at 2, at 3 the 170-register cap spills, and
-// 64 KB of shared memory). decode_cuda_core.cu: kDecodeBlocksPerSm.
+// 64 KB of shared memory). decode_wgmma_verify.cu: 2 (99 KB of shared memory: two fp16 stages
+// and two raw stages). decode_cuda_core.cu: kDecodeBlocksPerSm.
 inline constexpr SplitInstance kSplitInstances[] = {
     {SplitKernel::mma_direct, 128, 8, 3},
     {SplitKernel::mma_direct, 128, 16, 2},
@@ -55,6 +59,7 @@ inline constexpr SplitInstance kSplitInstances[] = {
     {SplitKernel::mma_verify, 256, 16, 2},
     {SplitKernel::mma_verify, 256, 32, 2},
     {SplitKernel::mma_verify_staged, 64, 16, 4},
+    {SplitKernel::wgmma_verify, 128, 64, 2},
     {SplitKernel::cuda_core, 64, 1, kDecodeBlocksPerSm},
     {SplitKernel::cuda_core, 64, 2, kDecodeBlocksPerSm},
     {SplitKernel::cuda_core, 64, 4, kDecodeBlocksPerSm},

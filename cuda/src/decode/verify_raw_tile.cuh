@@ -132,8 +132,8 @@ __device__ __forceinline__ void store_k_block(std::uint8_t* slot, const unsigned
   k_block_words<kFold>(qw, d_bits, w);
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    *reinterpret_cast<uint4*>(slot + 16 * c) = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2],
-                                                          w[4 * c + 3]);
+    *reinterpret_cast<uint4*>(slot + 16 * c) =
+        make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
 }
 
 /// V block b of a key in a raw stage as 16 fp16x2 words, dims in order (as k_block_words);

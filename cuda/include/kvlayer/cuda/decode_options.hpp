@@ -21,6 +21,11 @@ struct DecodeOptions {
     split,      ///< always two blocks (where the kernel has 8-row instances)
     whole,      ///< always one 16-row block
   };
+  /// Verify decodes of T·gqa > 16 at head dim 128.
+  enum class Verify : std::uint8_t {
+    automatic,  ///< warpgroup MMA where the device and the build have it (sm_90a on 9.0), else mma
+    mma,        ///< mma.sync everywhere (the kernel other devices run), kept under test
+  };
   /// The default split balance: a view of n keys takes splits of at least 2·⌊√n⌋ keys.
   static constexpr int kDefaultSplitBalance = 2;
   static constexpr int kMaxSplitBalance = 64;
@@ -30,6 +35,7 @@ struct DecodeOptions {
 
   Kernel kernel = Kernel::mma;
   Rows rows = Rows::automatic;
+  Verify verify = Verify::automatic;
   /// Decode splits of at least split_balance·⌊√n⌋ keys for a view of n keys, in [0, 64]: 0
   /// splits as finely as the grid allows (one tile per split); 64 runs views of up to 4096
   /// keys in one split.
@@ -46,7 +52,8 @@ struct DecodeOptions {
   bool operator==(const DecodeOptions&) const = default;
 
   /// The defaults, overridden by KVLAYER_DECODE_KERNEL (mma, cuda_core), KVLAYER_DECODE_ROWS
-  /// (auto, split, whole), KVLAYER_SPLIT_BALANCE (0..64) and KVLAYER_BATCH_WAVES (1..64). Throws
+  /// (auto, split, whole), KVLAYER_VERIFY_KERNEL (auto, mma), KVLAYER_SPLIT_BALANCE (0..64) and
+  /// KVLAYER_BATCH_WAVES (1..64). Throws
   /// kvlayer::Error (refused) naming the variable and the supported values for any other value.
   static DecodeOptions from_environment();
 };
@@ -54,5 +61,6 @@ struct DecodeOptions {
 /// The option names as the environment and reports spell them ("mma", "auto", …).
 const char* decode_kernel_name(DecodeOptions::Kernel kernel);
 const char* decode_rows_name(DecodeOptions::Rows rows);
+const char* decode_verify_name(DecodeOptions::Verify verify);
 
 }  // namespace kvlayer::cuda

@@ -326,8 +326,10 @@ struct BatchSteps {
 struct DecodeChoice {
   enum class Kernel : std::uint8_t { mma, cuda_core };
   enum class Rows : std::uint8_t { automatic, split, whole };
+  enum class Verify : std::uint8_t { automatic, mma };  ///< DecodeOptions::Verify
   std::optional<Kernel> kernel;
   std::optional<Rows> rows;
+  std::optional<Verify> verify;
   std::optional<int> split_balance;  ///< 0 … 64
   int max_verify_splits = 0;         ///< 0: no cap
   std::optional<int> batch_waves;    ///< 1 … 64 (a batch decode's schedule)

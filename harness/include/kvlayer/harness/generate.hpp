@@ -41,6 +41,7 @@ struct DrawLimits {
   int min_gqa = 1, max_gqa = 16;
   std::optional<DecodeChoice::Rows> rows;
   std::optional<DecodeChoice::Kernel> kernel;
+  std::optional<DecodeChoice::Verify> verify;
 };
 
 /// What the property needs besides rapidcheck.
