@@ -384,8 +384,8 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
       {{"fuzz", "--bogus"},
        2,
        "kvlayer fuzz: unknown option '--bogus' (options: --cases, --minutes, --seed, --max-size, "
-       "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --kernel, --longest, "
-       "--hang-seconds, --reference-only, --require-coverage, --help)\n"},
+       "--replay-dir, --head-dim, --min-gqa, --max-gqa, --rows, --kernel, --verify-kernel, "
+       "--longest, --hang-seconds, --reference-only, --require-coverage, --help)\n"},
       {{"fuzz", "--hang-seconds", "-1"},
        2,
        "kvlayer fuzz: --hang-seconds '-1' must be an integer in [0, 86400]\n"},
@@ -405,6 +405,9 @@ TEST_F(Cli, CampaignAndGpuCommandsRefuseBadOptionsWithOneLine) {
       {{"fuzz", "--kernel", "tensor"},
        2,
        "kvlayer fuzz: --kernel 'tensor' must be mma or cuda_core\n"},
+      {{"fuzz", "--verify-kernel", "wgmma"},
+       2,
+       "kvlayer fuzz: --verify-kernel 'wgmma' must be auto or mma\n"},
       {{"fuzz", "--min-gqa", "9", "--max-gqa", "4"},
        2,
        "kvlayer fuzz: --max-gqa '4' must be an integer in [9, 16]\n"},

@@ -7,7 +7,7 @@
 //  (1) q is rounded once to fp16 (RNE): q̃. K quants are exact (int8). The dot product over
 //      head_dim terms is accumulated in f32 (CUDA cores: sequential FMAs; tensor cores: (5)),
 //      times f32(d) per block, block results summed in f32, times the f32 scale.
-//      Where the shape says k_fused_f16 (the verify kernel at head dim 128, T·gqa > 16): d is
+//      Where the shape says k_fused_f16 (the verify kernels at head dim 128, T·gqa > 16): d is
 //      folded into K first, K̃ = d·q rounded once to fp16 (RNE, subnormals kept), the dot one
 //      chain of head_dim/16 mma (5) from zero, times the f32 scale. A key tile holding a K block
 //      with |d| > 511.75 or a non-finite d (kQ8_0FoldMaxScaleBits: d·q might leave fp16) takes
@@ -19,14 +19,17 @@
 //      fused multiply-add), as tensor-core operands; the row sum uses the unrounded f32 p.
 //      PV is accumulated in f32 (CUDA cores: ≤ L = max_keys_per_split sequential terms;
 //      tensor cores: chains of ≤ pv_mma_steps mma accumulations, (5)).
-//  (4) S partial results (splits, and a block's warps) are merged in f32.
-//  (5) Tensor cores (mma.sync m16n8k16, fp16 × fp16 → f32). PTX documents the operation
+//  (4) S partial results (splits, and a block's warps where a row's keys are spread over
+//      several) are merged in f32.
+//  (5) Tensor cores (mma.sync m16n8k16, and wgmma m64nNk16 where a kernel uses warpgroup MMA:
+//      fp16 × fp16 → f32, k = 16 per instruction). PTX documents the operation
 //      D = A·B + C with f32 accumulation but not its internal rounding; measurements of
 //      V100 … H100 (Fasi et al. 2021; Khattak & Mikaitis 2025) show products of fp16 operands
 //      exact, the k = 16 products and C aligned to the largest exponent with at least 24
-//      significand bits kept, and the sum normalized with truncation. The bound assumes only
-//      that: each aligned addend loses < 2^-23 of the largest addend, the result < 2^-23 of
-//      itself, so one mma's error is ≤ (k + 2)·2^-23·Σ|addends| = γ·Σ|addends|,
+//      significand bits kept, and the sum normalized with truncation (`kvlayer mma-probe`
+//      checks both instructions against this on the device, bench/NOTES.md). The bound
+//      assumes only that: each aligned addend loses < 2^-23 of the largest addend, the result
+//      < 2^-23 of itself, so one mma's error is ≤ (k + 2)·2^-23·Σ|addends| = γ·Σ|addends|,
 //      γ = 2(k + 2)·u32 = 36·u32. A 32-value block's dot is two chained mma into a fresh
 //      accumulator: ≤ γ(2Σ₁ + Σ₂) ≤ 2γ·Σ_block|q̃·K|. A chain of c mma steps (each |C| ≤ the
 //      sum of all earlier addends) errs by ≤ γ·Σ_i (c − i)·Σ_i (Σ_i: step i's addends, i from
@@ -88,7 +91,8 @@ struct AccumulationShape {
   /// Online-softmax rescales of one accumulator (one per key tile): ceil(L / tile). The
   /// default, one per key, is the worst case for a kernel that does not say.
   std::int64_t rescales = -1;
-  /// Tensor-core kernels: dot products and PV on mma.sync m16n8k16 (rounding point (5)), with
+  /// Tensor-core kernels: dot products and PV on mma.sync m16n8k16 or wgmma m64nNk16 (rounding
+  /// point (5): k = 16 either way), with
   /// at most pv_mma_steps chained mma accumulations into one PV accumulator.
   bool tensor_core = false;
   std::int64_t pv_mma_steps = 0;
@@ -97,7 +101,8 @@ struct AccumulationShape {
   bool k_fused_f16 = false;
 };
 
-/// k of the tensor-core instruction the kernels use (mma.sync m16n8k16): rounding point (5).
+/// k of the tensor-core instructions the kernels use (mma.sync m16n8k16, wgmma m64nNk16):
+/// rounding point (5).
 inline constexpr int kMmaK = 16;
 
 }  // namespace kvlayer

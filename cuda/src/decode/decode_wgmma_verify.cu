@@ -240,7 +240,9 @@ struct WgmmaVerifyBlock {
   /// This thread's rows' views (padding rows none) and the split's tiles.
   __device__ __forceinline__ void bound_rows() {
     n_keys = static_cast<int>(range.hi - range.lo);
-    n_tiles = (n_keys + kTile - 1) / kTile;
+    // Block-uniform; from lane 0 so that ptxas sees the tile loop as uniform (else, in the batch
+    // instance, it serializes every wgmma: C7520).
+    n_tiles = __shfl_sync(kFullMask, (n_keys + kTile - 1) / kTile, 0);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
       if (row(h) < range.nrows) view_of(row(h), row_lo[h], row_hi[h]);
