@@ -141,13 +141,21 @@ int row_chunks(const DecodePlan& plan, int T) {
   return (rows + per_block - 1) / per_block;
 }
 
+namespace {
+
+/// A verify of T queries: the blocks of one resident wave per KV head and row block.
+std::int64_t verify_wave_blocks_per_row_block(const DecodePlan& plan, int T) {
+  return verify_wave_blocks(plan, T) / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
+}
+
+}  // namespace
+
 int verify_splits(const DecodePlan& plan, int T) {
   // As plan_decode: one resident wave of blocks, shared by the row blocks, no split shorter
   // than a tile.
   const std::int64_t max_tiles =
       (plan.verify_max_view_keys + kDecodeMmaTileKeys - 1) / kDecodeMmaTileKeys;
-  const std::int64_t splits =
-      verify_wave_blocks(plan, T) / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
+  const std::int64_t splits = verify_wave_blocks_per_row_block(plan, T);
   std::int64_t most = std::min<std::int64_t>(max_tiles, kDecodeMaxSplits);
   if (plan.max_verify_splits > 0) most = std::min<std::int64_t>(most, plan.max_verify_splits);
   return int(std::clamp<std::int64_t>(splits, 1, most));
@@ -302,9 +310,7 @@ kvlayer::AccumulationShape verify_accumulation_shape(const DecodePlan& plan, int
 
 std::int64_t batch_items(const DecodePlan& plan, int T) {
   if (T <= 1) return plan.batch_items;
-  const std::int64_t per_kv =
-      verify_wave_blocks(plan, T) / (std::int64_t(plan.n_kv_heads) * row_chunks(plan, T));
-  return std::max<std::int64_t>(1, plan.batch_waves * per_kv);
+  return std::max<std::int64_t>(1, plan.batch_waves * verify_wave_blocks_per_row_block(plan, T));
 }
 
 std::int64_t batch_max_items(const DecodePlan& plan, int max_batch) {
