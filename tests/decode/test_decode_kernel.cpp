@@ -165,11 +165,14 @@ TEST(DecodePlan, TheSelectorNamesEveryKernel) {
       {128, 3, 7, DecodeKernel::mma, SplitKernel::mma_verify, 32},
       {128, 3, 11, DecodeKernel::mma, SplitKernel::mma_verify, 64},
       {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::mma_verify, 64},
-      // Where the device has warpgroup MMA: more than 16 rows at head dim 128 in blocks of 64
-      // rows of the wgmma kernel; 16 or fewer, and the other head dims, as without it.
+      // Where the device has warpgroup MMA: more than 16 rows at head dim 128 on the wgmma
+      // kernel, in blocks of 64 rows (one warpgroup) up to 64, else of 128 (two); 16 or fewer,
+      // and the other head dims, as without it.
       {128, 1, 17, DecodeKernel::mma, SplitKernel::wgmma_verify, 64, true},
       {128, 8, 4, DecodeKernel::mma, SplitKernel::wgmma_verify, 64, true},
-      {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::wgmma_verify, 64, true},
+      {128, 8, 8, DecodeKernel::mma, SplitKernel::wgmma_verify, 64, true},
+      {128, 3, 22, DecodeKernel::mma, SplitKernel::wgmma_verify, 128, true},
+      {128, 8, 16, DecodeKernel::cuda_core, SplitKernel::wgmma_verify, 128, true},
       {128, 8, 2, DecodeKernel::mma, SplitKernel::mma_direct_verify, 16, true},
       {128, 8, 1, DecodeKernel::mma, SplitKernel::mma_direct, 8, true},
       {256, 8, 8, DecodeKernel::mma, SplitKernel::mma_verify, 32, true},

@@ -1,4 +1,4 @@
-// Verify decode (SPEC §11) at head dim 128 on warpgroup MMA (wgmma, sm_90a): up to 64 query rows
+// Verify decode (SPEC §11) at head dim 128 on warpgroup MMA (wgmma, sm_90a): 64 or 128 query rows
 // (T·gqa rows of a KV head; more are split over blockIdx.z) against one split of the cache, each
 // row with its own causal (and window) view. Same grid, partition of the views' union in 64-key
 // granules, partial format, device-mode checks and merge kernel as every split kernel
@@ -20,7 +20,7 @@
 // decode_mma_verify.cu converts each tile once into shared memory but then issues 16×8 mma.sync
 // tiles with keys on M: at 64 rows per block the ldmatrix/mma/transpose instructions dominate,
 // and at 255 registers two blocks of 4 warps leave the SM latency-bound (bench/NOTES.md). Here
-// the block is one warpgroup and the query rows are wgmma's M = 64: S = Q̃·K̃ᵀ is 8 wgmma
+// each warpgroup of the block takes 64 query rows on wgmma's M: S = Q̃·K̃ᵀ is 8 wgmma
 // m64n64k16 and O += P̃·Ṽ 4 wgmma m64n128k16 per 64-key tile, with q̃ and P̃ as register A
 // operands (FA3's register-resident P: S's accumulator is P's A fragment) and K̃, Ṽ read by
 // the tensor cores from shared memory.
@@ -50,12 +50,21 @@ namespace kvlayer::cuda::detail::decode_impl {
 namespace {
 
 constexpr int kD = 128;
-constexpr int kRows = 64;      ///< wgmma's M: the block's query rows
-constexpr int kThreads = 128;  ///< one warpgroup
-static_assert(kThreads == kDecodeThreads);
 using Raw = VerifyShape<kD>;  ///< the raw stages' layout (64-key tiles)
 constexpr int kTile = Raw::kTile;
-static_assert(kTile == 64 && kDecodeMmaWarps == 4);
+static_assert(kTile == kWgmmaVerifyTileKeys);
+
+/// A block of kWG warpgroups: 64·kWG query rows (each warpgroup's 64 on its wgmma's M), every
+/// tile converted once for all of them.
+template <int kWG>
+struct Shape {
+  static constexpr int kRows = 64 * kWG;
+  static constexpr int kThreads = 128 * kWG;
+  /// Conversion: thread c takes key c % 64 and 32-value blocks c / 64 + kBStep·j, j < kPerThread.
+  static constexpr int kBStep = kThreads / kTile;
+  static constexpr int kPerThread = Raw::kBlocks / kBStep;
+  static_assert(kPerThread * kBStep == Raw::kBlocks && kBStep % 2 == 0);
+};
 
 /// One fp16 operand (K̃ or Ṽ) of a tile: [dim atom][key][128 bytes]; 1024-aligned.
 constexpr int kAtomBytes = kTile * 128;
@@ -69,8 +78,8 @@ constexpr int kBytes = kKdOff + kTile * Raw::kBlocks * 2;
 /// The dynamic allocation: kBytes after its base is rounded up to 1024 (the swizzle atoms').
 constexpr int kDynamicBytes = kBytes + 1024;
 static_assert(Raw::kRawStage % 16 == 0 && kF16Stage % 1024 == 0);
-/// The f32 P·V path stages p [row][key] in the tile's K̃ (read by then).
-static_assert(kRows * kTile * 4 <= kOperandBytes);
+/// The f32 P·V path stages p [row][key] in the other fp16 stage (free by then).
+static_assert(Shape<2>::kRows * kTile * 4 <= kF16Stage);
 
 constexpr MutantSite kSite = MutantSite::decode_wgmma_verify;
 
@@ -93,23 +102,25 @@ __device__ __forceinline__ void store_block(std::uint8_t* operand, int key, int 
 /// accuracy.hpp (1)) and of V; keys past `valid` get zeros (their p is 0, and 0 · 0 keeps every
 /// row finite). Returns this thread's flags: kWideV where one of its V blocks may leave fp16's
 /// range or is not finite, kWideK where one of its K blocks' d is beyond the fold.
+template <int kWG>
 __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
                                             const std::uint8_t* raw, int valid) {
+  using W = Shape<kWG>;
   const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
   if (key >= valid) {
     const unsigned zero[16] = {};
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      store_block(kt, key, b0 + Raw::kBStep * j, zero);
-      store_block(vt, key, b0 + Raw::kBStep * j, zero);
+    for (int j = 0; j < W::kPerThread; ++j) {
+      store_block(kt, key, b0 + W::kBStep * j, zero);
+      store_block(vt, key, b0 + W::kBStep * j, zero);
     }
     return 0;
   }
   bool wide = false, wide_k = false;
   unsigned first_d = 0;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int b = b0 + Raw::kBStep * j;
+  for (int j = 0; j < W::kPerThread; ++j) {
+    const int b = b0 + W::kBStep * j;
     const std::uint8_t* kb = raw + key * Raw::kKBytes + kQ8_0BlockBytes * b;
     unsigned qw[8], w[16];
     const unsigned d = (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
@@ -133,12 +144,14 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
 /// The tile's K again as exact quants (kt) and their d apart (kd[key][block], fp16 bits): the
 /// path of accuracy.hpp (1) for a tile that holds a K block whose d is beyond the fold. Same
 /// threads, keys and blocks as convert_tile.
+template <int kWG>
 __device__ __forceinline__ void convert_k_exact(std::uint8_t* kt, unsigned short* kd,
                                                 const std::uint8_t* raw, int valid) {
+  using W = Shape<kWG>;
   const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int b = b0 + Raw::kBStep * j;
+  for (int j = 0; j < W::kPerThread; ++j) {
+    const int b = b0 + W::kBStep * j;
     if (key >= valid) {
       kd[key * Raw::kBlocks + b] = 0;  // the quants are convert_tile's zeros
       continue;
@@ -168,7 +181,9 @@ __device__ __forceinline__ std::uint64_t v_desc(const std::uint8_t* vt, int ks) 
 /// One thread's share of the block: its two rows (16·warp + g and + 8, g = lane / 4) and their
 /// keys' columns (8j + 2t + {0, 1}, t = lane % 4) in every accumulator. The phases are member
 /// functions, in the kernel's order; the registers are the kernel's locals, referred to here.
+template <int kWG>
 struct WgmmaVerifyBlock {
+  using W = Shape<kWG>;
   using QFrags = unsigned[8][4];
   using Scores = float[32];  ///< s[4j + e]: key 8j + 2t + (e & 1), row g + 8·(e >> 1)
   using Acc = float[64];     ///< o[4j + e]: dim 8j + 2t + (e & 1), row g + 8·(e >> 1)
@@ -190,7 +205,7 @@ struct WgmmaVerifyBlock {
       : p(params),
         range(split),
         smem(shared),
-        warp(int(threadIdx.x) / 32),
+        warp(int(threadIdx.x) / 32),  // 4·warpgroup + its warp
         lane(int(threadIdx.x) % 32),
         g(lane >> 2),
         t(lane & 3),
@@ -271,8 +286,9 @@ struct WgmmaVerifyBlock {
   /// Copies tile i's raw rows (if there is a tile i) and commits the group.
   __device__ __forceinline__ void copy(int i) {
     if (i < n_tiles)
-      copy_raw_tile<kD>(raw_stage(i), range.k_head, range.v_head, range.lo + kTile * i - range.base,
-                        p.k_tok_bytes, p.v_tok_bytes, valid_of(i));
+      copy_raw_tile<kD, W::kThreads>(raw_stage(i), range.k_head, range.v_head,
+                                     range.lo + kTile * i - range.base, p.k_tok_bytes,
+                                     p.v_tok_bytes, valid_of(i));
     cp_async_commit();
   }
 
@@ -391,12 +407,14 @@ struct WgmmaVerifyBlock {
 
   /// P·V on the CUDA cores, f32, keys in order, only the keys each row attends: V exact, p
   /// unrounded (a tile holding a V block that may leave fp16's range), before the tile's
-  /// accumulate_pv_mma (zero_p). p goes through shared memory (the tile's K̃, read by then):
-  /// pw[row][key].
-  __device__ __forceinline__ void accumulate_pv_f32(const Scores& s, std::uint8_t* kt, int key_off,
-                                                    int valid, const std::uint8_t* raw) {
-    float* pw = reinterpret_cast<float*>(kt);
-    __syncthreads();  // every warp's QK has read K̃
+  /// accumulate_pv_mma (zero_p). p goes through shared memory, pw[row][key], in the other fp16
+  /// stage (`spare`: its tile's P·V was waited for by this tile's QK, and the next tile's
+  /// conversion starts after a barrier).
+  __device__ __forceinline__ void accumulate_pv_f32(const Scores& s, std::uint8_t* spare,
+                                                    int key_off, int valid,
+                                                    const std::uint8_t* raw) {
+    float* pw = reinterpret_cast<float*>(spare);
+    __syncthreads();  // every warp has waited for the previous tile's P·V
 #pragma unroll
     for (int i = 0; i < 32; ++i)
       pw[row((i >> 1) & 1) * kTile + 8 * (i / 4) + 2 * t + (i & 1)] = s[i];
@@ -451,13 +469,15 @@ struct WgmmaVerifyBlock {
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-/// One block (one warpgroup) per (split, KV head, rows chunk of ≤ 64).
-template <bool kBatch>
-__global__ void __launch_bounds__(kThreads,
-                                  split_blocks_per_sm(SplitKernel::wgmma_verify, kD, kRows))
+/// One block (kWG warpgroups) per (split, KV head, rows chunk of ≤ 64·kWG).
+template <int kWG, bool kBatch>
+__global__ void __launch_bounds__(Shape<kWG>::kThreads,
+                                  split_blocks_per_sm(SplitKernel::wgmma_verify, kD,
+                                                      Shape<kWG>::kRows))
     decode_split_wgmma_verify_kernel(const SplitParams p) {
-  static_assert(split_instance_built(SplitKernel::wgmma_verify, kD, kRows));
+  static_assert(split_instance_built(SplitKernel::wgmma_verify, kD, Shape<kWG>::kRows));
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Block = WgmmaVerifyBlock<kWG>;
   extern __shared__ __align__(16) std::uint8_t smem_dynamic[];
   // The swizzle atoms must be 1024-aligned in the shared window.
   const unsigned base = static_cast<unsigned>(__cvta_generic_to_shared(smem_dynamic));
@@ -467,10 +487,10 @@ __global__ void __launch_bounds__(kThreads,
       begin_split<kBatch>(p, kD, split_granule(SplitKernel::wgmma_verify, kD), kSite);
   if (!range.active) return;  // block-uniform: no barrier has been reached yet
 
-  typename WgmmaVerifyBlock::QFrags qa;
-  typename WgmmaVerifyBlock::State state;
-  typename WgmmaVerifyBlock::Acc o;
-  WgmmaVerifyBlock b(p, range, smem, qa, state, o);
+  typename Block::QFrags qa;
+  typename Block::State state;
+  typename Block::Acc o;
+  Block b(p, range, smem, qa, state, o);
   b.load_q();
   b.bound_rows();
   b.reset();
@@ -486,23 +506,23 @@ __global__ void __launch_bounds__(kThreads,
     __syncthreads();
     b.copy(i + 1);
     const int key_off = kTile * i;  // the tile's first key, as an offset from lo
-    const int flags = convert_tile(kt, vt, raw, valid);
+    const int flags = convert_tile<kWG>(kt, vt, raw, valid);
     fence_proxy_async_shared();
     bool f32_pv = false, k_exact = false;
     if (__syncthreads_or(flags)) {  // block-uniform; rare: a tile with a wide or bad block
       f32_pv = wide_tile_on_cuda_cores(__syncthreads_or(flags & kWideV), kSite);
       k_exact = k_tile_unfolded(__syncthreads_or(flags & kWideK), kSite);
       if (k_exact) {
-        convert_k_exact(kt, b.k_scales(), raw, valid);
+        convert_k_exact<kWG>(kt, b.k_scales(), raw, valid);
         fence_proxy_async_shared();
         __syncthreads();
       }
     }
-    typename WgmmaVerifyBlock::Scores s;
+    typename Block::Scores s;
     b.compute_scores_folded(s, kt);
     if (k_exact) b.compute_scores_exact(s, kt);
     b.update_softmax(s, key_off, valid, i == 0);
-    if (f32_pv) b.accumulate_pv_f32(s, kt, key_off, valid, raw);
+    if (f32_pv) b.accumulate_pv_f32(s, b.k_stage(i + 1), key_off, valid, raw);
     b.accumulate_pv_mma(s, vt, f32_pv);
   }
   b.write_partial();
@@ -512,33 +532,47 @@ __global__ void __launch_bounds__(kThreads,
 #endif
 }
 
-template <bool kBatch>
+template <int kWG, bool kBatch>
 cudaError_t launch_instance(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
   // Not a stream operation (legal while capturing); set per launch so every device the process
   // uses gets it.
   if (const cudaError_t err =
-          cudaFuncSetAttribute(decode_split_wgmma_verify_kernel<kBatch>,
+          cudaFuncSetAttribute(decode_split_wgmma_verify_kernel<kWG, kBatch>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicBytes);
       err != cudaSuccess)
     return err;
-  decode_split_wgmma_verify_kernel<kBatch><<<grid, kThreads, kDynamicBytes, stream>>>(sp);
+  decode_split_wgmma_verify_kernel<kWG, kBatch>
+      <<<grid, Shape<kWG>::kThreads, kDynamicBytes, stream>>>(sp);
   return cudaGetLastError();
 }
 
-}  // namespace
-
-cudaError_t launch_split_wgmma_verify(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
-  return sp.batch.list.slots != nullptr ? launch_instance<true>(sp, grid, stream)
-                                        : launch_instance<false>(sp, grid, stream);
+template <int kWG>
+cudaError_t launch(const SplitParams& sp, dim3 grid, cudaStream_t stream) {
+  return sp.batch.list.slots != nullptr ? launch_instance<kWG, true>(sp, grid, stream)
+                                        : launch_instance<kWG, false>(sp, grid, stream);
 }
 
-cudaError_t split_wgmma_verify_resident_blocks(int* blocks) {
-  const auto kernel = decode_split_wgmma_verify_kernel<false>;
+template <int kWG>
+cudaError_t resident_blocks(int* blocks) {
+  const auto kernel = decode_split_wgmma_verify_kernel<kWG, false>;
   if (const cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicBytes);
       err != cudaSuccess)
     return err;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, kThreads, kDynamicBytes);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, Shape<kWG>::kThreads,
+                                                       kDynamicBytes);
+}
+
+}  // namespace
+
+// The instances select_split_kernel names: 64 rows (one warpgroup) or 128 (two).
+cudaError_t launch_split_wgmma_verify(const SplitParams& sp, int rows, dim3 grid,
+                                      cudaStream_t stream) {
+  return rows <= Shape<1>::kRows ? launch<1>(sp, grid, stream) : launch<2>(sp, grid, stream);
+}
+
+cudaError_t split_wgmma_verify_resident_blocks(int rows, int* blocks) {
+  return rows <= Shape<1>::kRows ? resident_blocks<1>(blocks) : resident_blocks<2>(blocks);
 }
 
 }  // namespace kvlayer::cuda::detail::decode_impl

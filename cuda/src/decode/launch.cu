@@ -128,7 +128,7 @@ cudaError_t launch_decode(const DecodeArgs& a, const DecodePlan& plan, cudaStrea
       err = launch_split_mma_verify_staged(sp, plan.head_dim, grid, stream);
       break;
     case SplitKernel::wgmma_verify:
-      err = launch_split_wgmma_verify(sp, grid, stream);
+      err = launch_split_wgmma_verify(sp, choice.rows, grid, stream);
       break;
   }
   if (err != cudaSuccess) return err;
@@ -164,8 +164,8 @@ cudaError_t mma_verify_resident_blocks(SplitKernel kernel, int head_dim, int row
     return split_mma_direct_resident_blocks(head_dim, rows, true, blocks);
   if (kernel == SplitKernel::mma_verify)
     return split_mma_verify_resident_blocks(head_dim, rows, blocks);
-  if (kernel == SplitKernel::wgmma_verify && head_dim == 128 && rows == kWgmmaVerifyRows)
-    return split_wgmma_verify_resident_blocks(blocks);
+  if (kernel == SplitKernel::wgmma_verify && head_dim == 128)
+    return split_wgmma_verify_resident_blocks(rows, blocks);
   return cudaErrorInvalidValue;
 }
 

@@ -22,9 +22,10 @@ cudaError_t launch_split_mma_verify_staged(const SplitParams& sp, int head_dim, 
 /// block (select_split_kernel's).
 cudaError_t launch_split_mma_verify(const SplitParams& sp, int head_dim, int rows, dim3 grid,
                                     cudaStream_t stream);
-/// decode_wgmma_verify.cu: the warpgroup-MMA verify split kernel (head dim 128, 64 query rows per
-/// block).
-cudaError_t launch_split_wgmma_verify(const SplitParams& sp, dim3 grid, cudaStream_t stream);
+/// decode_wgmma_verify.cu: the warpgroup-MMA verify split kernel (head dim 128), `rows` 64 or 128
+/// query rows per block.
+cudaError_t launch_split_wgmma_verify(const SplitParams& sp, int rows, dim3 grid,
+                                      cudaStream_t stream);
 /// decode_mma_direct.cu: the tensor-core split kernel for head dim 128 and `rows` 8 or 16 query
 /// rows (register-direct loads; verify: SplitKernel::mma_direct_verify's rows of a verify
 /// decode), or head dim 256 and 8 (bulk loads: SplitKernel::mma_bulk).
@@ -40,7 +41,7 @@ cudaError_t launch_batch_schedule(const SplitParams& sp, int items, int granule,
 cudaError_t split_mma_staged_resident_blocks(int head_dim, int rows, int* blocks);
 cudaError_t split_mma_direct_resident_blocks(int head_dim, int rows, bool verify, int* blocks);
 cudaError_t split_mma_verify_resident_blocks(int head_dim, int rows, int* blocks);
-cudaError_t split_wgmma_verify_resident_blocks(int* blocks);
+cudaError_t split_wgmma_verify_resident_blocks(int rows, int* blocks);
 
 /// What the merge reads and writes (merge.cu).
 struct MergeParams {

@@ -34,7 +34,8 @@ __host__ __device__ constexpr int verify_group_rows(int head_dim) {
   return head_dim == 128 ? 16 : 8;
 }
 
-/// decode_wgmma_verify.cu (head dim 128): keys per block tile, query rows per block (wgmma's M).
+/// decode_wgmma_verify.cu (head dim 128): keys per block tile, and query rows per warpgroup
+/// (wgmma's M); a block has one or two warpgroups.
 inline constexpr int kWgmmaVerifyTileKeys = 64;
 inline constexpr int kWgmmaVerifyRows = 64;
 

@@ -167,12 +167,14 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
     // n-tiles (each tile converted once, in registers; the verify kernel's shared-memory stage
     // costs more than it shares at so few rows).
     // More rows at head dim 128, where the device has warpgroup MMA: the wgmma kernel, 64 rows
-    // per block.
+    // per block (one warpgroup) up to 64, else 128 (two warpgroups sharing each tile's
+    // conversion).
     const int rows = queries * plan.gqa;
     if (plan.head_dim == 128 && rows <= 16)
       return {SplitKernel::mma_direct_verify, rows <= 8 ? 8 : 16};
     if (plan.head_dim == 128 && plan.wgmma_verify)
-      return {SplitKernel::wgmma_verify, kWgmmaVerifyRows};
+      return {SplitKernel::wgmma_verify,
+              rows <= kWgmmaVerifyRows ? kWgmmaVerifyRows : 2 * kWgmmaVerifyRows};
     if (plan.head_dim == 128 || plan.head_dim == 256)
       return {SplitKernel::mma_verify,
               verify_group_rows(plan.head_dim) * verify_row_groups(plan.head_dim, rows)};

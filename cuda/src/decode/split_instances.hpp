@@ -43,8 +43,9 @@ struct SplitInstance {
 // 58 KB of bulk-load ring).
 // decode_mma_staged.cu: head dim 256 by 16 rows: 2 (96 KB of stages); head dim 64: 4.
 // decode_mma_verify.cu: 2 (its register cap: 255 at 2, at 3 the 170-register cap spills, and
-// 64 KB of shared memory). decode_wgmma_verify.cu: 2 (99 KB of shared memory: two fp16 stages
-// and two raw stages). decode_cuda_core.cu: kDecodeBlocksPerSm.
+// 64 KB of shared memory). decode_wgmma_verify.cu: one warpgroup (64 rows) 2, two (128 rows) 1
+// (~250 registers a thread; 99 KB of shared memory: two fp16 stages and two raw stages).
+// decode_cuda_core.cu: kDecodeBlocksPerSm.
 inline constexpr SplitInstance kSplitInstances[] = {
     {SplitKernel::mma_direct, 128, 8, 3},
     {SplitKernel::mma_direct, 128, 16, 2},
@@ -60,6 +61,7 @@ inline constexpr SplitInstance kSplitInstances[] = {
     {SplitKernel::mma_verify, 256, 32, 2},
     {SplitKernel::mma_verify_staged, 64, 16, 4},
     {SplitKernel::wgmma_verify, 128, 64, 2},
+    {SplitKernel::wgmma_verify, 128, 128, 1},
     {SplitKernel::cuda_core, 64, 1, kDecodeBlocksPerSm},
     {SplitKernel::cuda_core, 64, 2, kDecodeBlocksPerSm},
     {SplitKernel::cuda_core, 64, 4, kDecodeBlocksPerSm},

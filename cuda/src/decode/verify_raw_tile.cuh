@@ -60,8 +60,8 @@ struct VerifyShape {
 };
 
 /// Copies the raw K and V rows of `valid` keys from row0 (physical) into a raw stage: K in
-/// 8-byte pieces (a head's span is 8-byte aligned), V in 16-byte pieces.
-template <int D>
+/// 8-byte pieces (a head's span is 8-byte aligned), V in 16-byte pieces, by kThreads threads.
+template <int D, int kThreads = kDecodeThreads>
 __device__ __forceinline__ void copy_raw_tile(std::uint8_t* stage, const std::uint8_t* k_head,
                                               const std::uint8_t* v_head, long long row0,
                                               long long k_tok, long long v_tok, int valid) {
@@ -69,11 +69,11 @@ __device__ __forceinline__ void copy_raw_tile(std::uint8_t* stage, const std::ui
   const std::uint8_t* vs = v_head + row0 * v_tok;
   using S = VerifyShape<D>;
   constexpr int kKPieces = S::kKBytes / 8, kVPieces = S::kVBytes / 16;
-  for (int c = threadIdx.x; c < valid * kKPieces; c += kDecodeThreads) {
+  for (int c = threadIdx.x; c < valid * kKPieces; c += kThreads) {
     const int key = c / kKPieces, piece = c % kKPieces;
     cp_async<8>(stage + key * S::kKBytes + 8 * piece, ks + key * k_tok + 8 * piece);
   }
-  for (int c = threadIdx.x; c < valid * kVPieces; c += kDecodeThreads) {
+  for (int c = threadIdx.x; c < valid * kVPieces; c += kThreads) {
     const int key = c / kVPieces, piece = c % kVPieces;
     cp_async<16>(stage + S::kRawK + key * S::kVStride + 16 * piece, vs + key * v_tok + 16 * piece);
   }
