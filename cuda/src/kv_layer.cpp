@@ -94,7 +94,7 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
   int major = 0, minor = 0;
   KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  const bool wgmma = options.verify == DecodeOptions::Verify::automatic &&
+  const bool wgmma = options.verify == DecodeOptions::Verify::wgmma &&
                      detail::wgmma_verify_supported(major, minor);
   detail::plan_verify(s.decode_plan, max_verify, verify_view, sms, wgmma);
 
@@ -437,7 +437,9 @@ std::vector<DecodeInstance> decode_instances() {
     for (int gqa = 1; gqa <= kMaxGqa; ++gqa)
       for (const auto kernel : {DecodeOptions::Kernel::mma, DecodeOptions::Kernel::cuda_core})
         for (const auto rows : {DecodeOptions::Rows::split, DecodeOptions::Rows::whole})
-          for (const bool wgmma : {false, true}) {
+          // NOTE: wgmma_verify is opt-in (DecodeOptions::Verify::wgmma) until it is gated on a
+          // device: the default plans do not select it, so it is no campaign floor yet.
+          for (const bool wgmma : {false}) {
             DecodeOptions o;
             o.kernel = kernel;
             o.rows = rows;

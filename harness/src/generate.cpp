@@ -244,9 +244,6 @@ DecodeChoice draw_decode_choice(const DrawLimits& limits) {
   // A batch decode's schedule: one wave (the longest blocks, one split per view where the batch
   // is large) or 64 (the finest cut the balance allows).
   if (const int w = *rc::gen::inRange(0, 6); w >= 4) d.batch_waves = w == 4 ? 1 : 64;
-  // Verify decodes on the mma.sync kernel where the default is warpgroup MMA (the kernel other
-  // devices run stays under test on this one).
-  if (*rc::gen::inRange(0, 4) == 3) d.verify = DecodeChoice::Verify::mma;
   if (limits.rows) d.rows = limits.rows;
   if (limits.kernel) d.kernel = limits.kernel;
   if (limits.verify) d.verify = limits.verify;

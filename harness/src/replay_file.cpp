@@ -165,7 +165,7 @@ Command command_of(const json& j, const std::string& where) {
 
 constexpr const char* kKernels[] = {"mma", "cuda_core"};
 constexpr const char* kRows[] = {"auto", "split", "whole"};
-constexpr const char* kVerify[] = {"auto", "mma"};
+constexpr const char* kVerify[] = {"mma", "wgmma"};
 
 json decode_json(const DecodeChoice& d) {
   json j = json::object();

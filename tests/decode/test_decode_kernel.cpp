@@ -451,9 +451,9 @@ TEST(DecodeOptions, FromTheEnvironment) {
   ::setenv("KVLAYER_DECODE_KERNEL", "cuda_core", 1);
   ::setenv("KVLAYER_SPLIT_BALANCE", "17", 1);
   ::setenv("KVLAYER_BATCH_WAVES", "9", 1);
-  ::setenv("KVLAYER_VERIFY_KERNEL", "mma", 1);
+  ::setenv("KVLAYER_VERIFY_KERNEL", "wgmma", 1);
   const auto o = cuda::DecodeOptions::from_environment();
-  EXPECT_EQ(o.verify, cuda::DecodeOptions::Verify::mma);
+  EXPECT_EQ(o.verify, cuda::DecodeOptions::Verify::wgmma);
   EXPECT_EQ(o.rows, cuda::DecodeOptions::Rows::whole);
   EXPECT_EQ(o.kernel, cuda::DecodeOptions::Kernel::cuda_core);
   EXPECT_EQ(o.split_balance, 17);
@@ -474,9 +474,9 @@ TEST(DecodeOptions, FromTheEnvironment) {
   expect_refused("KVLAYER_DECODE_ROWS", "halves",
                  "DecodeOptions: KVLAYER_DECODE_ROWS=halves is not a row choice (supported: auto, "
                  "split, whole)");
-  expect_refused("KVLAYER_VERIFY_KERNEL", "wgmma",
-                 "DecodeOptions: KVLAYER_VERIFY_KERNEL=wgmma is not a verify kernel (supported: "
-                 "auto, mma)");
+  expect_refused("KVLAYER_VERIFY_KERNEL", "auto",
+                 "DecodeOptions: KVLAYER_VERIFY_KERNEL=auto is not a verify kernel (supported: "
+                 "mma, wgmma)");
   expect_refused("KVLAYER_DECODE_KERNEL", "wmma",
                  "DecodeOptions: KVLAYER_DECODE_KERNEL=wmma is not a decode kernel (supported: "
                  "mma, cuda_core)");

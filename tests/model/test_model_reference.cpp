@@ -302,8 +302,8 @@ TEST(ReplayFile, MalformedFilesNameTheFieldAndTheProblem) {
        "replay file: decode.batch_waves: 0 is outside [1, 64]"},
       {file(geometry, ok_rest + R"(, "decode": {"waves": 8})"),
        "replay file: decode: unknown field 'waves'"},
-      {file(geometry, ok_rest + R"(, "decode": {"verify": "wgmma"})"),
-       "replay file: decode.verify: 'wgmma' is not one of auto, mma"},
+      {file(geometry, ok_rest + R"(, "decode": {"verify": "auto"})"),
+       "replay file: decode.verify: 'auto' is not one of mma, wgmma"},
       {file(
            geometry,
            R"("n_q_heads": 2, "dtype": "f32", "seed": 1, "commands": [{"op": "append", "n": 2, "seed": 1}])"),

@@ -42,9 +42,9 @@ constexpr std::string_view kUsage =
     "                   draw only cases of head dim D, gqa in [G, G], that row choice, that\n"
     "                   kernel family (aims a campaign at some kernel instances; tools/mutants\n"
     "                   runs one per instance, tools/device-campaign.sh aims some processes)\n"
-    "  --verify-kernel auto|mma\n"
-    "                   verify decodes of T·gqa > 16 at head dim 128 on that kernel (auto:\n"
-    "                   warpgroup MMA where the device has it; mma: the mma.sync kernel)\n"
+    "  --verify-kernel mma|wgmma\n"
+    "                   verify decodes of T·gqa > 16 at head dim 128 on that kernel (mma: the\n"
+    "                   default; wgmma: warpgroup MMA where the device has it, opt-in)\n"
     "  --longest N      draw no view longer than N keys (default 131072: short, medium and\n"
     "                   long views; tools/mutants uses 8192, whose cases and shrinks are fast)\n"
     "  --hang-seconds S a call into the CUDA layer (state read-backs included) that has not\n"
@@ -292,12 +292,12 @@ int run_fuzz(const std::vector<std::string>& args) {
       throw UsageError("--kernel '" + *kernel + "' must be mma or cuda_core");
   }
   if (const auto verify = o.get("verify-kernel")) {
-    if (*verify == "auto")
-      config.limits.verify = harness::DecodeChoice::Verify::automatic;
-    else if (*verify == "mma")
+    if (*verify == "mma")
       config.limits.verify = harness::DecodeChoice::Verify::mma;
+    else if (*verify == "wgmma")
+      config.limits.verify = harness::DecodeChoice::Verify::wgmma;
     else
-      throw UsageError("--verify-kernel '" + *verify + "' must be auto or mma");
+      throw UsageError("--verify-kernel '" + *verify + "' must be mma or wgmma");
   }
   config.hang_seconds =
       double(o.integer("hang-seconds", std::int64_t(harness::kDefaultHangSeconds), 0, 86400));

@@ -99,7 +99,8 @@ struct DecodePlan {
   std::int64_t verify_max_view_keys = 0;
   int verify_multiprocessors = 0;
   /// Verify decodes of T·gqa > 16 at head dim 128 run on decode_wgmma_verify.cu (plan_verify's
-  /// `wgmma`: the device and the build have warpgroup MMA, and the options allow it).
+  /// `wgmma`: the options ask for it, DecodeOptions::Verify::wgmma, and the device and the build
+  /// have warpgroup MMA).
   bool wgmma_verify = false;
 };
 

@@ -34,10 +34,10 @@ const char* decode_rows_name(DecodeOptions::Rows rows) {
 
 const char* decode_verify_name(DecodeOptions::Verify verify) {
   switch (verify) {
-    case DecodeOptions::Verify::automatic:
-      return "auto";
     case DecodeOptions::Verify::mma:
       return "mma";
+    case DecodeOptions::Verify::wgmma:
+      return "wgmma";
   }
   return "?";
 }
@@ -86,10 +86,10 @@ DecodeOptions DecodeOptions::from_environment() {
   }
   if (const char* env = std::getenv("KVLAYER_VERIFY_KERNEL")) {
     const std::string_view v(env);
-    if (v == "mma")
-      o.verify = Verify::mma;
-    else if (v != "auto")
-      refuse(op, "KVLAYER_VERIFY_KERNEL=", v, " is not a verify kernel (supported: auto, mma)");
+    if (v == "wgmma")
+      o.verify = Verify::wgmma;
+    else if (v != "mma")
+      refuse(op, "KVLAYER_VERIFY_KERNEL=", v, " is not a verify kernel (supported: mma, wgmma)");
   }
   o.split_balance =
       integer_from_environment("KVLAYER_SPLIT_BALANCE", 0, kMaxSplitBalance, o.split_balance);

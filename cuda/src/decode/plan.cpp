@@ -166,7 +166,8 @@ SplitChoice select_split_kernel(const DecodePlan& plan, int queries) {
     // T·gqa ≤ 16 at head dim 128: the decode's register-direct kernel takes the rows on its
     // n-tiles (each tile converted once, in registers; the verify kernel's shared-memory stage
     // costs more than it shares at so few rows).
-    // More rows at head dim 128, where the device has warpgroup MMA: the wgmma kernel, 64 rows
+    // More rows at head dim 128, where the plan allows warpgroup MMA (opt-in: the layer's
+    // DecodeOptions::Verify::wgmma on a device that has it): the wgmma kernel, 64 rows
     // per block (one warpgroup) up to 64, else 128 (two warpgroups sharing each tile's
     // conversion).
     const int rows = queries * plan.gqa;

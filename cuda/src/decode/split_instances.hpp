@@ -23,7 +23,7 @@ enum class SplitKernel {
   mma_direct_verify,
   mma_verify_staged,  ///< decode_mma_staged.cu: verify decodes of T ≥ 2, head dim 64
   /// decode_wgmma_verify.cu: verify decodes of T·gqa > 16 at head dim 128 on warpgroup MMA
-  /// (sm_90a builds on compute capability 9.0 devices; elsewhere mma_verify)
+  /// (opt-in, DecodeOptions::Verify::wgmma; sm_90a builds on compute capability 9.0 devices)
   wgmma_verify,
 };
 

@@ -326,7 +326,7 @@ struct BatchSteps {
 struct DecodeChoice {
   enum class Kernel : std::uint8_t { mma, cuda_core };
   enum class Rows : std::uint8_t { automatic, split, whole };
-  enum class Verify : std::uint8_t { automatic, mma };  ///< DecodeOptions::Verify
+  enum class Verify : std::uint8_t { mma, wgmma };  ///< DecodeOptions::Verify
   std::optional<Kernel> kernel;
   std::optional<Rows> rows;
   std::optional<Verify> verify;
