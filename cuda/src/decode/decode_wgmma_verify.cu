@@ -1,6 +1,6 @@
 // OPT-IN (DecodeOptions::Verify::wgmma): compiled and host-tested, not yet run on a device; the
-// default verify is decode_mma_verify.cu until this kernel passes the gate (bench/NOTES.md,
-// session 30, says what that call runs).
+// default verify is decode_mma_verify.cu until this kernel passes the gate (bench/NOTES.md says
+// what that call runs).
 //
 // Verify decode (SPEC §11) at head dim 128 on warpgroup MMA (wgmma, sm_90a): 64 or 128 query rows
 // (T·gqa rows of a KV head; more are split over blockIdx.z) against one split of the cache, each

@@ -25,7 +25,7 @@ struct DecodeOptions {
   enum class Verify : std::uint8_t {
     mma,  ///< the mma.sync verify kernel (the default)
     /// opt-in: warpgroup MMA where the device and the build have it (sm_90a on 9.0), else mma.
-    /// Not yet run on a device (bench/NOTES.md, session 30): not the default until it is gated.
+    /// Not yet run on a device (bench/NOTES.md): not the default until it is gated there.
     wgmma,
   };
   /// The default split balance: a view of n keys takes splits of at least 2·⌊√n⌋ keys.
