@@ -48,6 +48,7 @@
 #include "decode/partition.hpp"
 #include "decode/verify_raw_tile.cuh"
 #include "decode/wgmma.cuh"
+#include "decode/wgmma_operand_layout.hpp"
 #include "device_status.cuh"
 
 namespace kvlayer::cuda::detail::decode_impl {
@@ -70,9 +71,10 @@ struct Shape {
   static_assert(kPerThread * kBStep == Raw::kBlocks && kBStep % 2 == 0);
 };
 
-/// One fp16 operand (K̃ or Ṽ) of a tile: [dim atom][key][128 bytes]; 1024-aligned.
-constexpr int kAtomBytes = kTile * 128;
-constexpr int kOperandBytes = 2 * kAtomBytes;
+/// One fp16 operand (K̃ or Ṽ) of a tile (wgmma_operand_layout.hpp); 1024-aligned.
+using Operand = WgmmaOperand;
+static_assert(Operand::kKeys == kTile && Operand::kDims == kD);
+constexpr int kOperandBytes = Operand::kBytes;
 /// Shared memory: fp16 stages [2] (K̃ then Ṽ), raw stages [kVerifyStages], the exact path's
 /// K scales [key][block] (fp16).
 constexpr int kF16Stage = 2 * kOperandBytes;
@@ -87,22 +89,30 @@ static_assert(Shape<2>::kRows * kTile * 4 <= kF16Stage);
 
 constexpr MutantSite kSite = MutantSite::decode_wgmma_verify;
 
-/// Byte offset of the 16-byte chunk of dims 8c … 8c + 7 of `key` in an fp16 operand.
-__device__ __forceinline__ int operand_chunk(int key, int c) {
-  return (c >> 3) * kAtomBytes + key * 128 + (((c & 7) ^ (key & 7)) << 4);
-}
-
 /// Stores 32-value block b of a key (16 fp16x2 words, dims in order) into an fp16 operand.
 __device__ __forceinline__ void store_block(std::uint8_t* operand, int key, int b,
                                             const unsigned (&w)[16]) {
 #pragma unroll
   for (int c = 0; c < 4; ++c)
-    *reinterpret_cast<uint4*>(operand + operand_chunk(key, 4 * b + c)) =
+    *reinterpret_cast<uint4*>(operand + Operand::chunk(key, 4 * b + c)) =
         make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
 }
 
-/// The block-wide conversion of a raw stage into an fp16 stage (kt: K̃, vt: V). Thread c converts
-/// key c % 64, 32-value blocks c / 64 and c / 64 + 2, of K (d folded in: K̃ = fp16(d·q),
+/// A thread's share of a tile's conversion (Shape's kBStep, kPerThread).
+template <int kWG>
+struct ConvertShare {
+  const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
+  __device__ __forceinline__ int block(int j) const { return b0 + Shape<kWG>::kBStep * j; }
+  /// K block block(j) of the key in a raw stage: its quants as words (qw), its d (returned).
+  __device__ __forceinline__ unsigned load_k(const std::uint8_t* raw, int j,
+                                             unsigned (&qw)[8]) const {
+    const std::uint8_t* kb = raw + key * Raw::kKBytes + kQ8_0BlockBytes * block(j);
+    return (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+  }
+};
+
+/// The block-wide conversion of a raw stage into an fp16 stage (kt: K̃, vt: V). Each thread
+/// converts its share (ConvertShare) of K (d folded in: K̃ = fp16(d·q),
 /// accuracy.hpp (1)) and of V; keys past `valid` get zeros (their p is 0, and 0 · 0 keeps every
 /// row finite). Returns this thread's flags: kWideV where one of its V blocks may leave fp16's
 /// range or is not finite, kWideK where one of its K blocks' d is beyond the fold.
@@ -110,13 +120,14 @@ template <int kWG>
 __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
                                             const std::uint8_t* raw, int valid) {
   using W = Shape<kWG>;
-  const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
+  const ConvertShare<kWG> my;
+  const int key = my.key;
   if (key >= valid) {
     const unsigned zero[16] = {};
 #pragma unroll
     for (int j = 0; j < W::kPerThread; ++j) {
-      store_block(kt, key, b0 + W::kBStep * j, zero);
-      store_block(vt, key, b0 + W::kBStep * j, zero);
+      store_block(kt, key, my.block(j), zero);
+      store_block(vt, key, my.block(j), zero);
     }
     return 0;
   }
@@ -124,10 +135,9 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
   unsigned first_d = 0;
 #pragma unroll
   for (int j = 0; j < W::kPerThread; ++j) {
-    const int b = b0 + W::kBStep * j;
-    const std::uint8_t* kb = raw + key * Raw::kKBytes + kQ8_0BlockBytes * b;
+    const int b = my.block(j);
     unsigned qw[8], w[16];
-    const unsigned d = (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+    const unsigned d = my.load_k(raw, j, qw);
     if (j == 0) first_d = d;
     wide_k = wide_k || k_header_maybe_wide(d);
     k_block_words<true>(qw, k_fold_scale(d, first_d, j, kSite), w);
@@ -146,23 +156,23 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
 }
 
 /// The tile's K again as exact quants (kt) and their d apart (kd[key][block], fp16 bits): the
-/// path of accuracy.hpp (1) for a tile that holds a K block whose d is beyond the fold. Same
-/// threads, keys and blocks as convert_tile.
+/// path of accuracy.hpp (1) for a tile that holds a K block whose d is beyond the fold. Each
+/// thread its share, as in convert_tile.
 template <int kWG>
 __device__ __forceinline__ void convert_k_exact(std::uint8_t* kt, unsigned short* kd,
                                                 const std::uint8_t* raw, int valid) {
   using W = Shape<kWG>;
-  const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
+  const ConvertShare<kWG> my;
+  const int key = my.key;
 #pragma unroll
   for (int j = 0; j < W::kPerThread; ++j) {
-    const int b = b0 + W::kBStep * j;
+    const int b = my.block(j);
     if (key >= valid) {
       kd[key * Raw::kBlocks + b] = 0;  // the quants are convert_tile's zeros
       continue;
     }
-    const std::uint8_t* kb = raw + key * Raw::kKBytes + kQ8_0BlockBytes * b;
     unsigned qw[8], w[16];
-    const unsigned d = (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+    const unsigned d = my.load_k(raw, j, qw);
     kd[key * Raw::kBlocks + b] = static_cast<unsigned short>(d);
     k_block_words<false>(qw, 0u, w);
     store_block(kt, key, b, w);
@@ -171,15 +181,12 @@ __device__ __forceinline__ void convert_k_exact(std::uint8_t* kt, unsigned short
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/// B of QK, k16 step ks (dims 16ks … 16ks + 15): K-major, 8-key groups 1024 bytes apart (the
-/// leading offset is unused with swizzling).
+/// B of QK at k16 step ks, and of PV at k16 step ks (WgmmaOperand).
 __device__ __forceinline__ std::uint64_t k_desc(const std::uint8_t* kt, int ks) {
-  return wgmma_desc_sw128(kt + (ks >> 2) * kAtomBytes + (ks & 3) * 32, 16, 1024);
+  return wgmma_desc_sw128(kt + Operand::k_start(ks), Operand::kKLbo, Operand::kKSbo);
 }
-/// B of PV, k16 step ks (keys 16ks … 16ks + 15): N-major, 64-dim atoms kAtomBytes apart (leading
-/// offset), 8-key groups 1024 bytes apart (stride offset).
 __device__ __forceinline__ std::uint64_t v_desc(const std::uint8_t* vt, int ks) {
-  return wgmma_desc_sw128(vt + ks * 2048, kAtomBytes, 1024);
+  return wgmma_desc_sw128(vt + Operand::v_start(ks), Operand::kVLbo, Operand::kVSbo);
 }
 
 /// One thread's share of the block: its two rows (16·warp + g and + 8, g = lane / 4) and their
@@ -327,10 +334,10 @@ struct WgmmaVerifyBlock {
 #pragma unroll
         for (int ks = 2 * b; ks < 2 * b + 2; ++ks) {
           const int dim = 16 * ks + 2 * t;
-          const unsigned b0 =
-              *reinterpret_cast<const unsigned*>(kt + operand_chunk(key, dim >> 3) + 2 * (dim & 7));
+          const unsigned b0 = *reinterpret_cast<const unsigned*>(
+              kt + Operand::chunk(key, dim >> 3) + 2 * (dim & 7));
           const unsigned b1 = *reinterpret_cast<const unsigned*>(
-              kt + operand_chunk(key, (dim + 8) >> 3) + 2 * (dim & 7));
+              kt + Operand::chunk(key, (dim + 8) >> 3) + 2 * (dim & 7));
           const unsigned(&q)[4] = a[ks - 2 * b];
           mma_16816(c, q[0], q[1], q[2], q[3], b0, b1);
         }

@@ -7,17 +7,17 @@
 
 #include <cstdint>
 
+#include "decode/wgmma_operand_layout.hpp"
+
 namespace kvlayer::cuda::detail::decode_impl {
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-/// The descriptor of an operand in shared memory with 128-byte swizzling: address >> 4 (bits
-/// 0–13), leading byte offset >> 4 (16–29), stride byte offset >> 4 (32–45), base offset 0 (the
-/// 1024-byte swizzle atoms are 1024-aligned), swizzle mode 1 = 128 B (bits 62–63).
+/// The descriptor of an operand in shared memory with 128-byte swizzling
+/// (wgmma_desc_sw128_bits, wgmma_operand_layout.hpp).
 __device__ __forceinline__ std::uint64_t wgmma_desc_sw128(const void* smem, int lbo, int sbo) {
-  const auto a = static_cast<std::uint64_t>(__cvta_generic_to_shared(smem));
-  return ((a & 0x3FFFF) >> 4) | (std::uint64_t((lbo >> 4) & 0x3FFF) << 16) |
-         (std::uint64_t((sbo >> 4) & 0x3FFF) << 32) | (std::uint64_t(1) << 62);
+  return wgmma_desc_sw128_bits(static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)), lbo,
+                               sbo);
 }
 
 /// Orders this thread's register and shared-memory accesses before the wgmma issued after it.
