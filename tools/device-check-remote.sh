@@ -324,6 +324,14 @@ if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer_decode_test" ]]; then
   run_step "test kvlayer_decode_test (cuda_core)" "$work/logs/test_kvlayer_decode_test_cuda_core.log" \
     "$test_timeout" env KVLAYER_DECODE_KERNEL=cuda_core "$build/bin/kvlayer_decode_test" --gtest_color=no &
 fi
+# The layer's verify tests once more on the warpgroup-MMA verify (KVLAYER_VERIFY_KERNEL=wgmma; it
+# runs only on an sm_90a build and a 9.0 device, elsewhere the option changes nothing).
+if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer_cuda_layer_tests" ]]; then
+  run_step "test kvlayer_cuda_layer_tests CudaVerify (wgmma verify)" \
+    "$work/logs/test_kvlayer_cuda_layer_tests_wgmma.log" "$test_timeout" \
+    env KVLAYER_VERIFY_KERNEL=wgmma "$build/bin/kvlayer_cuda_layer_tests" --gtest_color=no \
+    --gtest_filter='CudaVerify.*' &
+fi
 # The consumer example: in a subfolder of bin/, so not in the GoogleTest list above.
 example="$build/bin/examples/engine_loop"
 if [[ $sanitize_only == 0 && -x "$example" ]]; then
@@ -345,6 +353,9 @@ if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer" ]]; then
     --longest 16384 --require-resolution &
   run_program "resolution verify T 8" "$work/logs/resolution_verify.log" "$test_timeout" \
     "$build/bin/kvlayer" sensitivity --gpu --rows 8 --longest 16384 --require-resolution &
+  run_program "resolution verify T 8 (wgmma)" "$work/logs/resolution_verify_wgmma.log" \
+    "$test_timeout" env KVLAYER_VERIFY_KERNEL=wgmma "$build/bin/kvlayer" sensitivity --gpu \
+    --rows 8 --longest 16384 --require-resolution &
 fi
 # The Python package (tools/device-check built its cp312 wheel into bin/python/): its tests, the
 # GPU half on its own so that a skipped GPU suite fails (exit 77: no CUDA device or no torch),

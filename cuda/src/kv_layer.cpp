@@ -91,11 +91,8 @@ KvLayer::KvLayer(const Geometry& geometry, int n_q_heads, cudaStream_t stream, i
   // A verify decode's views reach max_verify − 1 keys further back than a decode's window.
   const std::int64_t verify_view =
       geometry.window ? std::min<std::int64_t>(*geometry.window + max_verify - 1, s.rows) : s.rows;
-  int major = 0, minor = 0;
-  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  const bool wgmma = options.verify == DecodeOptions::Verify::wgmma &&
-                     detail::wgmma_verify_supported(major, minor);
+  const bool wgmma =
+      options.verify == DecodeOptions::Verify::wgmma && wgmma_verify_available(device);
   detail::plan_verify(s.decode_plan, max_verify, verify_view, sms, wgmma);
 
   const auto k_bytes = std::size_t(s.rows * geometry.k_tok_bytes()) + kPlaneTailBytes;
@@ -430,16 +427,22 @@ DecodePlanInfo KvLayer::decode_plan() const {
                         choice.rows};
 }
 
-std::vector<DecodeInstance> decode_instances() {
+bool wgmma_verify_available(int device) {
+  int major = 0, minor = 0;
+  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  KVLAYER_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  return detail::wgmma_verify_supported(major, minor);
+}
+
+std::vector<DecodeInstance> decode_instances(bool wgmma_verify) {
   std::vector<DecodeInstance> all;
   constexpr int kAnySms = 132, kAnyView = 4096;
   for (const int d : kSupportedHeadDims)
     for (int gqa = 1; gqa <= kMaxGqa; ++gqa)
       for (const auto kernel : {DecodeOptions::Kernel::mma, DecodeOptions::Kernel::cuda_core})
         for (const auto rows : {DecodeOptions::Rows::split, DecodeOptions::Rows::whole})
-          // NOTE: wgmma_verify is opt-in (DecodeOptions::Verify::wgmma) until it is gated on a
-          // device: the default plans do not select it, so it is no campaign floor yet.
-          for (const bool wgmma : {false}) {
+          for (const bool wgmma : {false, true}) {
+            if (wgmma && !wgmma_verify) continue;
             DecodeOptions o;
             o.kernel = kernel;
             o.rows = rows;

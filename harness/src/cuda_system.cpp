@@ -444,9 +444,12 @@ bool cuda_device_available() {
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
-std::vector<std::string> cuda_selectable_instances() {
+std::vector<std::string> cuda_selectable_instances(bool wgmma_verify) {
+  int device = 0;
+  if (wgmma_verify) KVLAYER_CUDA_TRY(cudaGetDevice(&device));
+  const bool wgmma = wgmma_verify && cuda::wgmma_verify_available(device);
   std::vector<std::string> names;
-  for (const cuda::DecodeInstance& i : cuda::decode_instances())
+  for (const cuda::DecodeInstance& i : cuda::decode_instances(wgmma))
     names.push_back(instance_name(i.kernel, i.head_dim, i.rows));
   return names;
 }

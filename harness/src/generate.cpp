@@ -241,6 +241,9 @@ DecodeChoice draw_decode_choice(const DrawLimits& limits) {
   }
   if (const int v = *rc::gen::inRange(0, 4); v >= 2)
     d.max_verify_splits = v == 2 ? 1 : *rc::gen::inRange(2, 9);
+  // Warpgroup MMA for T·gqa > 16 at head dim 128 (an sm_90a build on a 9.0 device; elsewhere
+  // the layer runs the mma.sync verify and the choice changes nothing).
+  if (*rc::gen::inRange(0, 2) == 1) d.verify = DecodeChoice::Verify::wgmma;
   // A batch decode's schedule: one wave (the longest blocks, one split per view where the batch
   // is large) or 64 (the finest cut the balance allows).
   if (const int w = *rc::gen::inRange(0, 6); w >= 4) d.batch_waves = w == 4 ? 1 : 64;

@@ -19,6 +19,7 @@
 #include "decode/view_begin.hpp"
 #include "decode_model.hpp"
 #include "decode_testbed.hpp"
+#include "kvlayer/cuda/kv_layer.hpp"
 #include "kvlayer/cuda/limits.hpp"
 #include "kvlayer/error.hpp"
 #include "kvlayer/status.hpp"
@@ -363,6 +364,25 @@ TEST(DecodePlan, EveryKernelChoiceIsACompiledInstance) {
     EXPECT_TRUE(reached) << cuda::detail::split_kernel_name(i.kernel) << " D " << i.head_dim
                          << " rows " << i.rows << " is compiled but never chosen";
   }
+}
+
+// The campaign's coverage floors (decode_instances) list the warpgroup-MMA verify's two
+// instances where the device has it, and nothing else differs.
+TEST(DecodePlan, CoverageFloorsListTheWgmmaVerifyWhereTheDeviceHasIt) {
+  using cuda::detail::kWgmmaVerifyRows;
+  const auto with = cuda::decode_instances(true), without = cuda::decode_instances(false);
+  const auto count = [](const std::vector<cuda::DecodeInstance>& list, const std::string& kernel,
+                        int head_dim, int rows) {
+    return std::count_if(list.begin(), list.end(), [&](const cuda::DecodeInstance& i) {
+      return i.kernel == kernel && i.head_dim == head_dim && (rows == 0 || i.rows == rows);
+    });
+  };
+  EXPECT_EQ(count(without, "wgmma_verify", 128, 0), 0);
+  for (const int rows : {kWgmmaVerifyRows, 2 * kWgmmaVerifyRows})
+    EXPECT_EQ(count(with, "wgmma_verify", 128, rows), 1) << "rows " << rows;
+  EXPECT_EQ(with.size(), without.size() + 2);
+  for (const cuda::DecodeInstance& i : without)
+    EXPECT_EQ(count(with, i.kernel, i.head_dim, i.rows), 1) << i.kernel << " d" << i.head_dim;
 }
 
 // isqrt starts from the f32 root and corrects it in integers: exact where f32 rounds n the

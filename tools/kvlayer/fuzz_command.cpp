@@ -43,8 +43,9 @@ constexpr std::string_view kUsage =
     "                   kernel family (aims a campaign at some kernel instances; tools/mutants\n"
     "                   runs one per instance, tools/device-campaign.sh aims some processes)\n"
     "  --verify-kernel mma|wgmma\n"
-    "                   verify decodes of T·gqa > 16 at head dim 128 on that kernel (mma: the\n"
-    "                   default; wgmma: warpgroup MMA where the device has it, opt-in)\n"
+    "                   verify decodes of T·gqa > 16 at head dim 128 on that kernel only (mma:\n"
+    "                   mma.sync; wgmma: warpgroup MMA where the device has it). Default: each\n"
+    "                   case draws one\n"
     "  --longest N      draw no view longer than N keys (default 131072: short, medium and\n"
     "                   long views; tools/mutants uses 8192, whose cases and shrinks are fast)\n"
     "  --hang-seconds S a call into the CUDA layer (state read-backs included) that has not\n"
@@ -208,10 +209,11 @@ void print_hang(const harness::HangReport& h, const std::string& side) {
 /// select, for tools/campaign_coverage.py, which sums the tables of parallel processes; with
 /// --require-coverage this process's own unmet floors fail it.
 bool coverage_floors_met(const harness::CampaignResult& r, const SystemChoice& choice,
-                         bool require) {
+                         const harness::DrawLimits& limits, bool require) {
 #ifdef KVLAYER_WITH_CUDA
   if (!choice.factory) return true;
-  const auto selectable = harness::cuda_selectable_instances();
+  const auto selectable =
+      harness::cuda_selectable_instances(limits.verify != harness::DecodeChoice::Verify::mma);
   std::printf("%s", harness::selectable_line(selectable).c_str());
   if (!require) return true;
   const auto unmet = r.stats.coverage.unmet_floors(selectable);
@@ -220,6 +222,7 @@ bool coverage_floors_met(const harness::CampaignResult& r, const SystemChoice& c
 #else
   (void)r;
   (void)choice;
+  (void)limits;
   (void)require;
   return true;
 #endif
@@ -331,7 +334,7 @@ int run_fuzz(const std::vector<std::string>& args) {
   const harness::CampaignResult r = harness::run_campaign(config);
   progress.finish();
   print_summary(r, choice.sides);
-  const bool covered = coverage_floors_met(r, choice, o.flag("require-coverage"));
+  const bool covered = coverage_floors_met(r, choice, config.limits, o.flag("require-coverage"));
   if (!r.replay_error.empty()) {
     std::fflush(stdout);
     std::fprintf(stderr, "kvlayer fuzz: %s\n", r.replay_error.c_str());

@@ -93,8 +93,14 @@ struct DecodeInstance {
 };
 
 /// Every instance select_split_kernel can name, over every supported head dim, gqa, option and
-/// T in [1, kMaxVerify]. Pure host arithmetic.
-std::vector<DecodeInstance> decode_instances();
+/// T in [1, kMaxVerify]; with `wgmma_verify` false, those of a device or build without warpgroup
+/// MMA (wgmma_verify_available). Pure host arithmetic.
+std::vector<DecodeInstance> decode_instances(bool wgmma_verify);
+
+/// Whether verify decodes may run on warpgroup MMA (DecodeOptions::Verify::wgmma) on `device`:
+/// this build holds the sm_90a kernel and the device is compute capability 9.0. Elsewhere that
+/// option runs the mma.sync verify. Throws kvlayer::Error when the device cannot be queried.
+bool wgmma_verify_available(int device);
 
 /// Bytes allocated past the last row of each plane, zeroed at construction and never written
 /// (kernels may issue 16-byte loads running past a row's end; SPEC §1).
