@@ -332,6 +332,11 @@ if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer_cuda_layer_tests" ]]; then
     env KVLAYER_VERIFY_KERNEL=wgmma "$build/bin/kvlayer_cuda_layer_tests" --gtest_color=no \
     --gtest_filter='CudaVerify.*' &
 fi
+# The tensor cores' rounding against accuracy.hpp (5), and on sm_90a builds the wgmma verify's
+# operand layout and descriptors on exact integers (kvlayer mma-probe; seconds).
+if [[ $sanitize_only == 0 && -x "$build/bin/kvlayer" ]]; then
+  run_program "mma-probe" "$work/logs/mma_probe.log" "$test_timeout" "$build/bin/kvlayer" mma-probe &
+fi
 # The consumer example: in a subfolder of bin/, so not in the GoogleTest list above.
 example="$build/bin/examples/engine_loop"
 if [[ $sanitize_only == 0 && -x "$example" ]]; then

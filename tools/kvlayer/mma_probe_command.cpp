@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <iterator>
+#include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -16,8 +18,10 @@
 #include "commands.hpp"
 #include "kvlayer/cuda/runtime.hpp"
 #include "kvlayer/error.hpp"
+#include "kvlayer/half.hpp"
 #include "mma_model.hpp"
 #include "mma_probe.hpp"
+#include "wgmma_operand_probe.hpp"
 
 namespace kvlayer::cli {
 namespace {
@@ -35,6 +39,8 @@ constexpr std::string_view kUsage =
     "  truncated to p bits below the largest, the sum truncated to f32) how many results it\n"
     "  reproduces exactly. The integer tiles must come back exact (else the probe's operand\n"
     "  layout is wrong and it stops with an error).\n"
+    "  On sm_90a builds also the wgmma verify's operands (decode_wgmma_verify.cu's layout,\n"
+    "  descriptors and instructions) on small integers: S = Q*K^T and O = P*V must be exact.\n"
     "  --tiles N  tiles (default 1024, a multiple of 4)\n"
     "  --seed S   the tiles' seed (default 1)\n";
 
@@ -62,6 +68,59 @@ EngineResult evaluate(const std::vector<MmaTile>& tiles, const std::vector<float
           r.model_matches[m] += truncation_model(tiles[ti], i, j, kModelBits[m]) == got;
         ++r.results;
       }
+  return r;
+}
+
+/// The wgmma verify's operands (wgmma_operand_probe.hpp) on integers in [-4, 4]: the S and O
+/// elements that differ from the exact products (2 · 64 · 64 · 2 of each result at most, so f32
+/// holds them exactly).
+struct OperandResult {
+  long long s_wrong = 0, o_wrong = 0;
+};
+
+OperandResult run_operand_probe(cudaStream_t stream, std::uint64_t seed, bool swap) {
+  using In = WgmmaOperandInputs;
+  auto in = std::make_unique<In>();
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::vector<int> q(In::kRows * In::kDims), p(In::kRows * In::kKeys), k(In::kKeys * In::kDims);
+  for (int& x : q) x = small(rng);
+  for (int& x : p) x = small(rng);
+  for (int& x : k) x = small(rng);
+  for (int r = 0; r < In::kRows; ++r)
+    for (int d = 0; d < In::kDims; ++d) in->q[r][d] = f32_to_f16_bits(float(q[r * In::kDims + d]));
+  for (int r = 0; r < In::kRows; ++r)
+    for (int j = 0; j < In::kKeys; ++j) in->p[r][j] = f32_to_f16_bits(float(p[r * In::kKeys + j]));
+  for (int j = 0; j < In::kKeys; ++j)
+    for (int d = 0; d < In::kDims; ++d) in->k[j][d] = f32_to_f16_bits(float(k[j * In::kDims + d]));
+  DeviceBuffer in_d(sizeof(In)), s_d(std::size_t(In::kRows) * In::kKeys * 4),
+      o_d(std::size_t(In::kRows) * In::kDims * 4);
+  KVLAYER_CUDA_TRY(
+      cudaMemcpyAsync(in_d.get(), in.get(), sizeof(In), cudaMemcpyHostToDevice, stream));
+  // Poisoned first: an element the kernel did not write reads as NaN.
+  KVLAYER_CUDA_TRY(cudaMemsetAsync(s_d.get(), 0xFF, s_d.bytes(), stream));
+  KVLAYER_CUDA_TRY(cudaMemsetAsync(o_d.get(), 0xFF, o_d.bytes(), stream));
+  KVLAYER_CUDA_TRY(
+      launch_wgmma_operand_probe(in_d.as<In>(), s_d.as<float>(), o_d.as<float>(), swap, stream));
+  std::vector<float> s(std::size_t(In::kRows) * In::kKeys), o(std::size_t(In::kRows) * In::kDims);
+  KVLAYER_CUDA_TRY(
+      cudaMemcpyAsync(s.data(), s_d.get(), s_d.bytes(), cudaMemcpyDeviceToHost, stream));
+  KVLAYER_CUDA_TRY(
+      cudaMemcpyAsync(o.data(), o_d.get(), o_d.bytes(), cudaMemcpyDeviceToHost, stream));
+  KVLAYER_CUDA_TRY(cudaStreamSynchronize(stream));
+  OperandResult r;
+  for (int i = 0; i < In::kRows; ++i)
+    for (int j = 0; j < In::kKeys; ++j) {
+      int exact = 0;
+      for (int d = 0; d < In::kDims; ++d) exact += q[i * In::kDims + d] * k[j * In::kDims + d];
+      r.s_wrong += s[std::size_t(i) * In::kKeys + j] != float(exact);
+    }
+  for (int i = 0; i < In::kRows; ++i)
+    for (int d = 0; d < In::kDims; ++d) {
+      int exact = 0;
+      for (int j = 0; j < In::kKeys; ++j) exact += p[i * In::kKeys + j] * k[j * In::kDims + d];
+      r.o_wrong += o[std::size_t(i) * In::kDims + d] != float(exact);
+    }
   return r;
 }
 
@@ -139,6 +198,20 @@ int run_mma_probe(const std::vector<std::string>& args) {
     if (!any) {
       std::printf("wgmma: neither descriptor reading returned the integer tiles exactly\n");
       status = kExitFailure;
+    }
+    // The verify kernel's own operands; on a failure, PV's other offset reading says whether
+    // the MN-major descriptor is the cause.
+    const OperandResult v = run_operand_probe(stream.get(), seed, false);
+    std::printf(
+        "\nwgmma verify operands (128-byte swizzle): S = Q*K^T %lld of %d wrong, "
+        "O = P*V %lld of %d wrong: %s\n",
+        v.s_wrong, WgmmaOperandInputs::kRows * WgmmaOperandInputs::kKeys, v.o_wrong,
+        WgmmaOperandInputs::kRows * WgmmaOperandInputs::kDims,
+        v.s_wrong + v.o_wrong == 0 ? "exact" : "WRONG");
+    if (v.s_wrong + v.o_wrong != 0) {
+      status = kExitFailure;
+      const OperandResult x = run_operand_probe(stream.get(), seed, true);
+      std::printf("  with PV's leading and stride offsets swapped: O %lld wrong\n", x.o_wrong);
     }
   }
   std::printf(
