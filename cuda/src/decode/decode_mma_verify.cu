@@ -35,9 +35,9 @@
 //    has two or more (independent chains). select_split_kernel picks WR from T·gqa
 //    (verify_row_groups; at head dim 128 T·gqa ≤ 16 runs on decode_mma_direct.cu's verify
 //    instances instead); blockIdx.z takes the rows beyond 4 row groups.
-//  - The conversion: thread c takes key c % tile and blocks c / tile, c / tile + kBStep, so
-//    that a warp's K blocks share one alignment, every shift is a compile-time constant and
-//    the two V halves of a block share one byte permute.
+//  - The conversion: thread c takes key c % tile and blocks c / tile, c / tile + 128 / tile
+//    (ConvertShare), so that a warp's K blocks share one alignment, every shift is a compile-time
+//    constant and the two V halves of a block share one byte permute.
 //  - Per tile: cp.async copies of the raw rows (two stages: tile i + 1 lands while i is
 //    converted and computed), a block-wide conversion into one fp16 stage (K̃, V values), then
 //    the mma phase. Two barriers per tile; the second is a __syncthreads_or that also tells
@@ -67,9 +67,8 @@ constexpr int kWarps = kDecodeMmaWarps;
 constexpr int kThreads = 32 * kWarps;
 static_assert(kThreads == kDecodeThreads);
 
-/// The block-wide conversion of a raw stage into the fp16 stage. Thread c converts key c % kTile,
-/// 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's blocks share
-/// their parity, and with it the K alignment). K gets its block scale folded in (K̃ = fp16(d·q),
+/// The block-wide conversion of a raw stage into the fp16 stage: each thread its share
+/// (ConvertShare) of K and of V. K gets its block scale folded in (K̃ = fp16(d·q),
 /// accuracy.hpp (1)). Keys past `valid` get zeros (K and V: their p is 0, and 0 · 0 keeps every
 /// row finite). Returns this thread's flags: kWideV where one of its V blocks may leave fp16's
 /// range or is not finite (v_header_maybe_wide), kWideK where one of its K blocks' d is beyond
@@ -79,13 +78,15 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8
                                             int valid) {
   using S = VerifyShape<D>;
   static_assert(verify_folds_k(D));
-  const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
+  using Share = ConvertShare<D>;
+  const Share my;
+  const int key = my.key;
   std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
   std::uint8_t* vf = smem + S::kVf + key * S::kF16Stride;
   if (key >= valid) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int b = b0 + S::kBStep * j;
+    for (int j = 0; j < Share::kPerThread; ++j) {
+      const int b = my.block(j);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
@@ -97,12 +98,10 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8
   bool wide = false, wide_k = false;
   unsigned first_d = 0;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int b = b0 + S::kBStep * j;
-    // ---- K block b: d at byte 34b of the key's span, its 32 quants after it.
-    const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * b;
+  for (int j = 0; j < Share::kPerThread; ++j) {
+    const int b = my.block(j);
     unsigned qw[8];
-    const unsigned d = (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+    const unsigned d = my.load_k(raw, j, qw);
     if (j == 0) first_d = d;
     wide_k = wide_k || k_header_maybe_wide(d);
     store_k_block<true>(kf + 64 * b, qw,
@@ -114,25 +113,25 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* smem, const std::uint8
 }
 
 /// convert_tile for a head dim that keeps exact quants (verify_folds_k false): the fp16 stage gets
-/// K quants and their d apart. Same threads, keys and blocks as convert_tile: thread c converts
-/// key c % kTile, 32-value blocks c / kTile and c / kTile + kBStep, of K and of V (so a warp's
-/// blocks share their parity, and with it the K alignment). Keys past `valid` get zeros (K, d
-/// and V: their p is 0, and 0 · 0 keeps every row finite). Returns whether one of this thread's
-/// V blocks may leave fp16's range or is not finite (v_header_maybe_wide).
-/// NOTE: its K loads are written out, not load_k_block's: through the helper, ptxas schedules
-/// this kernel differently (its SASS is the one gated at head dim 256).
+/// K quants and their d apart, each thread its share as in convert_tile. Keys past `valid` get
+/// zeros (K, d and V: their p is 0, and 0 · 0 keeps every row finite). Returns whether one of this
+/// thread's V blocks may leave fp16's range or is not finite (v_header_maybe_wide). NOTE: its K
+/// loads are written out, not load_k_block's: through the helper, ptxas schedules this kernel
+/// differently (its SASS is the one gated at head dim 256).
 template <int D>
 __device__ __forceinline__ bool convert_tile_unfolded(std::uint8_t* smem, const std::uint8_t* raw,
                                                       int valid) {
   using S = VerifyShape<D>;
-  const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
+  using Share = ConvertShare<D>;
+  const Share my;
+  const int key = my.key, b0 = my.b0;
   std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
   std::uint8_t* vf = smem + S::kVf + key * S::kF16Stride;
   auto* kd = reinterpret_cast<unsigned short*>(smem + S::kKd) + key * S::kBlocks;
   if (key >= valid) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int b = b0 + S::kBStep * j;
+    for (int j = 0; j < Share::kPerThread; ++j) {
+      const int b = my.block(j);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         *reinterpret_cast<uint4*>(kf + 64 * b + 16 * c) = make_uint4(0u, 0u, 0u, 0u);
@@ -144,8 +143,8 @@ __device__ __forceinline__ bool convert_tile_unfolded(std::uint8_t* smem, const 
   }
   bool wide = false;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int b = b0 + S::kBStep * j;
+  for (int j = 0; j < Share::kPerThread; ++j) {
+    const int b = my.block(j);
     // ---- K block b: d at byte 34b of the key's span, its 32 quants after it. Even b: the block
     // is 4-byte aligned (quants at 2 mod 4, funnelled from 9 words); odd b: its quants are.
     const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * b;
@@ -184,19 +183,20 @@ template <int D>
 __device__ __forceinline__ void convert_k_exact(std::uint8_t* smem, const std::uint8_t* raw,
                                                 int valid) {
   using S = VerifyShape<D>;
-  const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
+  using Share = ConvertShare<D>;
+  const Share my;
+  const int key = my.key;
   std::uint8_t* kf = smem + S::kKf + key * S::kF16Stride;
   auto* kd = reinterpret_cast<unsigned short*>(smem + S::kKd) + key * S::kBlocks;
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int b = b0 + S::kBStep * j;
+  for (int j = 0; j < Share::kPerThread; ++j) {
+    const int b = my.block(j);
     if (key >= valid) {
       kd[b] = 0;  // the quants are convert_tile's zeros
       continue;
     }
-    const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * b;
     unsigned qw[8];
-    const unsigned d = (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+    const unsigned d = my.load_k(raw, j, qw);
     kd[b] = static_cast<unsigned short>(d);
     store_k_block<false>(kf + 64 * b, qw, 0u);
   }

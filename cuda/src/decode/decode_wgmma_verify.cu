@@ -65,10 +65,6 @@ template <int kWG>
 struct Shape {
   static constexpr int kRows = 64 * kWG;
   static constexpr int kThreads = 128 * kWG;
-  /// Conversion: thread c takes key c % 64 and 32-value blocks c / 64 + kBStep·j, j < kPerThread.
-  static constexpr int kBStep = kThreads / kTile;
-  static constexpr int kPerThread = Raw::kBlocks / kBStep;
-  static_assert(kPerThread * kBStep == Raw::kBlocks && kBStep % 2 == 0);
 };
 
 /// One fp16 operand (K̃ or Ṽ) of a tile (wgmma_operand_layout.hpp); 1024-aligned.
@@ -98,19 +94,6 @@ __device__ __forceinline__ void store_block(std::uint8_t* operand, int key, int 
         make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
 }
 
-/// A thread's share of a tile's conversion (Shape's kBStep, kPerThread).
-template <int kWG>
-struct ConvertShare {
-  const int key = threadIdx.x % kTile, b0 = threadIdx.x / kTile;
-  __device__ __forceinline__ int block(int j) const { return b0 + Shape<kWG>::kBStep * j; }
-  /// K block block(j) of the key in a raw stage: its quants as words (qw), its d (returned).
-  __device__ __forceinline__ unsigned load_k(const std::uint8_t* raw, int j,
-                                             unsigned (&qw)[8]) const {
-    const std::uint8_t* kb = raw + key * Raw::kKBytes + kQ8_0BlockBytes * block(j);
-    return (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
-  }
-};
-
 /// The block-wide conversion of a raw stage into an fp16 stage (kt: K̃, vt: V). Each thread
 /// converts its share (ConvertShare) of K (d folded in: K̃ = fp16(d·q),
 /// accuracy.hpp (1)) and of V; keys past `valid` get zeros (their p is 0, and 0 · 0 keeps every
@@ -119,13 +102,13 @@ struct ConvertShare {
 template <int kWG>
 __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
                                             const std::uint8_t* raw, int valid) {
-  using W = Shape<kWG>;
-  const ConvertShare<kWG> my;
+  using Share = ConvertShare<kD, Shape<kWG>::kThreads>;
+  const Share my;
   const int key = my.key;
   if (key >= valid) {
     const unsigned zero[16] = {};
 #pragma unroll
-    for (int j = 0; j < W::kPerThread; ++j) {
+    for (int j = 0; j < Share::kPerThread; ++j) {
       store_block(kt, key, my.block(j), zero);
       store_block(vt, key, my.block(j), zero);
     }
@@ -134,7 +117,7 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
   bool wide = false, wide_k = false;
   unsigned first_d = 0;
 #pragma unroll
-  for (int j = 0; j < W::kPerThread; ++j) {
+  for (int j = 0; j < Share::kPerThread; ++j) {
     const int b = my.block(j);
     unsigned qw[8], w[16];
     const unsigned d = my.load_k(raw, j, qw);
@@ -161,11 +144,11 @@ __device__ __forceinline__ int convert_tile(std::uint8_t* kt, std::uint8_t* vt,
 template <int kWG>
 __device__ __forceinline__ void convert_k_exact(std::uint8_t* kt, unsigned short* kd,
                                                 const std::uint8_t* raw, int valid) {
-  using W = Shape<kWG>;
-  const ConvertShare<kWG> my;
+  using Share = ConvertShare<kD, Shape<kWG>::kThreads>;
+  const Share my;
   const int key = my.key;
 #pragma unroll
-  for (int j = 0; j < W::kPerThread; ++j) {
+  for (int j = 0; j < Share::kPerThread; ++j) {
     const int b = my.block(j);
     if (key >= valid) {
       kd[key * Raw::kBlocks + b] = 0;  // the quants are convert_tile's zeros

@@ -51,9 +51,6 @@ struct VerifyShape {
   static constexpr int kBytes = kKd + kTile * kBlocks * 2;
   static constexpr int kOStride = D + 4;  ///< merge staging row (floats)
   static constexpr int kMergeBytes = WarpMergeScratch<kDecodeMmaWarps>::bytes(kGroupRows, kOStride);
-  /// Conversion: thread c takes key c % kTile and blocks c / kTile, c / kTile + kBStep.
-  static constexpr int kBStep = kDecodeThreads / kTile;
-  static_assert(kBlocks == 2 * kBStep && kBStep % 2 == 0);
   static_assert((kF16Stride / 4) % 8 == 4 && kF16Stride % 16 == 0);
   static_assert(kVStride % 16 == 0 && kVStride >= kVBytes && (kVStride / 4) % 8 == 4);
   static_assert(kRawStage % 16 == 0 && kMergeBytes <= kBytes);
@@ -103,6 +100,25 @@ __device__ __forceinline__ unsigned load_k_block(const std::uint8_t* kb, unsigne
     return *reinterpret_cast<const unsigned short*>(kb);
   }
 }
+
+/// One thread's share of a tile's conversion by kThreads threads: key threadIdx.x % kTile and
+/// the 32-value blocks block(j) = threadIdx.x / kTile + kBStep·j, j < kPerThread (a warp's
+/// blocks share their parity, and with it the K alignment).
+template <int D, int kThreads = kDecodeThreads>
+struct ConvertShare {
+  using S = VerifyShape<D>;
+  static constexpr int kBStep = kThreads / S::kTile;
+  static constexpr int kPerThread = S::kBlocks / kBStep;
+  static_assert(kPerThread * kBStep == S::kBlocks && kBStep % 2 == 0);
+  const int key = threadIdx.x % S::kTile, b0 = threadIdx.x / S::kTile;
+  __device__ __forceinline__ int block(int j) const { return b0 + kBStep * j; }
+  /// K block block(j) of the key in a raw stage: its quants as words (qw), its d (returned).
+  __device__ __forceinline__ unsigned load_k(const std::uint8_t* raw, int j,
+                                             unsigned (&qw)[8]) const {
+    const std::uint8_t* kb = raw + key * S::kKBytes + kQ8_0BlockBytes * block(j);
+    return (b0 & 1) == 0 ? load_k_block<true>(kb, qw) : load_k_block<false>(kb, qw);
+  }
+};
 
 /// K block b's 32 quants as 16 fp16x2 words, dims in order (words 4c … 4c + 3: the 16-byte
 /// chunk c of dims 8c … 8c + 7): exact (kFold false), or K̃ = fp16(d·q) with d's bits d_bits
